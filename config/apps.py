@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class ConfigAppConfig(AppConfig):
+    """Hosts the project-wide management commands (locked migrate, admin bootstrap, demo seed)."""
+
+    name = "config"
+    label = "lineage_config"
+    verbose_name = "Lineage"

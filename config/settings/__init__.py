@@ -1,0 +1,5 @@
+"""Lineage settings: the Django core in ``base``, each integration in its own module."""
+
+from .base import *  # noqa: F403
+from .celery import *  # noqa: F403
+from .llm import *  # noqa: F403

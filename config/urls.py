@@ -1,0 +1,21 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from config.views import healthz
+
+api_patterns = [
+    path("", include("workspaces.api.urls")),
+]
+
+urlpatterns = [
+    path("healthz", healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+    path("api/", include(api_patterns)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+]
+
+admin.site.site_header = "Lineage"
+admin.site.site_title = "Lineage"
+admin.site.index_title = "Operator dashboard"

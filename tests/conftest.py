@@ -1,0 +1,71 @@
+"""Shared fixtures: three fixed users for permission tests (owner, member, outsider)."""
+
+import shutil
+
+import pytest
+from rest_framework.test import APIClient
+
+from tests.factories import MembershipFactory, UserFactory, WorkspaceFactory
+from workspaces.models import Membership
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def pytest_report_header(config):
+    if shutil.which("chromium") is None:
+        return ["NOTICE: Debian's chromium is not installed: browser tests will be SKIPPED "
+                "(apt-get install chromium, or run .ci/run, to include them)."]
+    return ["chromium: " + CHROMIUM]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if shutil.which("chromium") is None:
+        terminalreporter.write_line(
+            "NOTICE: browser tests were skipped because Debian's chromium is not installed.", yellow=True
+        )
+
+
+@pytest.fixture
+def workspace(db):
+    return WorkspaceFactory(name="Acme", slug="acme")
+
+
+@pytest.fixture
+def other_workspace(db):
+    return WorkspaceFactory(name="Globex", slug="globex")
+
+
+@pytest.fixture
+def owner(workspace):
+    user = UserFactory(username="owner")
+    MembershipFactory(user=user, workspace=workspace, role=Membership.Role.OWNER)
+    return user
+
+
+@pytest.fixture
+def member(workspace):
+    user = UserFactory(username="member")
+    MembershipFactory(user=user, workspace=workspace, role=Membership.Role.MEMBER)
+    return user
+
+
+@pytest.fixture
+def outsider(other_workspace):
+    """Signed in, but a member only of another workspace."""
+    user = UserFactory(username="outsider")
+    MembershipFactory(user=user, workspace=other_workspace, role=Membership.Role.OWNER)
+    return user
+
+
+@pytest.fixture
+def api():
+    return APIClient()
+
+
+@pytest.fixture
+def api_as(api):
+    def login(user):
+        api.force_authenticate(user=user)
+        return api
+
+    return login

@@ -1,0 +1,143 @@
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from tests.factories import MembershipFactory, UserFactory, WorkspaceFactory
+from workspaces.models import Membership, Workspace
+
+pytestmark = pytest.mark.django_db
+
+
+def test_anonymous_requests_are_refused(api, workspace):
+    response = api.get("/api/workspaces/")
+    assert response.status_code in (401, 403)
+    assert "message" in response.json()["error"]
+
+
+def test_member_lists_only_their_workspaces(api_as, member, outsider, workspace, other_workspace):
+    response = api_as(member).get("/api/workspaces/")
+    assert response.status_code == 200
+    assert [row["slug"] for row in response.json()["results"]] == ["acme"]
+    assert response.json()["results"][0]["role"] == "member"
+
+
+def test_foreign_workspace_is_404_not_403(api_as, outsider, workspace):
+    client = api_as(outsider)
+    assert client.get(f"/api/workspaces/{workspace.pk}/").status_code == 404
+    assert client.patch(f"/api/workspaces/{workspace.pk}/", {"name": "Mine"}).status_code == 404
+    assert client.delete(f"/api/workspaces/{workspace.pk}/").status_code == 404
+    assert Workspace.objects.get(pk=workspace.pk).name == "Acme"
+
+
+def test_foreign_memberships_are_invisible(api_as, outsider, member, workspace):
+    client = api_as(outsider)
+    membership = Membership.objects.get(user=member)
+    assert client.get(f"/api/memberships/{membership.pk}/").status_code == 404
+    listed = client.get("/api/memberships/").json()["results"]
+    assert {row["workspace"] for row in listed} == {outsider.memberships.get().workspace_id}
+
+
+def test_creating_a_workspace_makes_the_caller_its_owner(api_as, outsider):
+    response = api_as(outsider).post("/api/workspaces/", {"name": "New Lab"})
+    assert response.status_code == 201, response.json()
+    assert response.json()["slug"] == "new-lab"
+    assert response.json()["role"] == "owner"
+    assert Membership.objects.get(workspace__slug="new-lab").user == outsider
+
+
+def test_member_cannot_rename_but_owner_can(api_as, owner, member, workspace):
+    assert api_as(member).patch(f"/api/workspaces/{workspace.pk}/", {"name": "X"}).status_code == 403
+    assert api_as(owner).patch(f"/api/workspaces/{workspace.pk}/", {"name": "Acme Labs"}).status_code == 200
+    assert Workspace.objects.get(pk=workspace.pk).name == "Acme Labs"
+
+
+def test_validation_error_names_the_field(api_as, owner):
+    response = api_as(owner).post("/api/workspaces/", {"slug": "bad slug!"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid"
+    assert set(error["fields"]) == {"name", "slug"}
+    assert "name:" in error["message"]
+
+
+def test_owner_manages_members_and_keeps_one_owner(api_as, owner, member, workspace):
+    client = api_as(owner)
+    newcomer = UserFactory(username="newcomer")
+    response = client.post("/api/memberships/", {"workspace": workspace.pk, "user": "newcomer", "role": "admin"})
+    assert response.status_code == 201, response.json()
+    assert Membership.objects.get(user=newcomer).role == "admin"
+
+    duplicate = client.post("/api/memberships/", {"workspace": workspace.pk, "user": "newcomer"})
+    assert duplicate.status_code == 400
+    assert "user" in duplicate.json()["error"]["fields"]
+
+    own = Membership.objects.get(user=owner)
+    response = client.patch(f"/api/memberships/{own.pk}/", {"role": "member"})
+    assert response.status_code == 400
+    assert "at least one owner" in response.json()["error"]["message"]
+    assert client.delete(f"/api/memberships/{own.pk}/").status_code == 400
+
+
+def test_member_cannot_add_members(api_as, member, workspace):
+    UserFactory(username="friend")
+    response = api_as(member).post("/api/memberships/", {"workspace": workspace.pk, "user": "friend"})
+    assert response.status_code == 403
+
+
+def test_cannot_attach_a_row_to_a_foreign_workspace(api_as, outsider, workspace):
+    UserFactory(username="friend")
+    response = api_as(outsider).post("/api/memberships/", {"workspace": workspace.pk, "user": "friend"})
+    assert response.status_code == 400
+    assert "workspace" in response.json()["error"]["fields"]
+
+
+def test_bad_query_parameters_are_400(api_as, member):
+    client = api_as(member)
+    for query in ("cursor=not-a-cursor", "page_size=abc", "role=wizard"):
+        response = client.get(f"/api/memberships/?{query}")
+        assert response.status_code == 400, query
+        assert response.json()["error"]["message"]
+
+
+def test_cursor_pagination_walks_every_row(api_as, owner):
+    for index in range(7):
+        MembershipFactory(user=owner, workspace=WorkspaceFactory(slug=f"ws-{index}"))
+    client = api_as(owner)
+    seen, url = [], "/api/workspaces/?page_size=3"
+    while url:
+        page = client.get(url).json()
+        seen.extend(row["slug"] for row in page["results"])
+        url = page["next"]
+    assert len(seen) == 8 and len(set(seen)) == 8
+
+
+def _count_queries(client, url):
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get(url)
+    assert response.status_code == 200
+    return len(captured)
+
+
+@pytest.mark.parametrize("url", ["/api/workspaces/", "/api/memberships/"])
+def test_list_query_count_is_the_same_for_1_and_50_rows(api_as, owner, url):
+    client = api_as(owner)
+    single = _count_queries(client, url)
+    for index in range(49):
+        MembershipFactory(user=owner, workspace=WorkspaceFactory(slug=f"many-{index}"))
+    assert _count_queries(client, url) == single
+    assert single <= 4
+
+
+def test_token_authentication(api, owner):
+    response = api.post("/api/auth/token/", {"username": "owner", "password": "correct horse battery staple"})
+    assert response.status_code == 200
+    api.credentials(HTTP_AUTHORIZATION=f"Token {response.json()['token']}")
+    assert api.get("/api/workspaces/").status_code == 200
+
+
+def test_openapi_schema_and_docs(api_as, owner):
+    client = api_as(owner)
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert schema.status_code == 200
+    assert "/api/workspaces/" in schema.json()["paths"]
+    assert client.get("/api/docs/").status_code == 200

@@ -1,0 +1,71 @@
+"""One error body for the whole API.
+
+    {"error": {"status": 400, "code": "invalid", "message": "name: This field is required.",
+               "fields": {"name": ["This field is required."]}}}
+
+`fields` appears for validation errors and names every offending field; `message` is
+always a readable sentence. Database integrity errors that slip past validation become 409,
+and Django validation errors 400, so a client never sees a 500 for bad input.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+def _flatten(detail, prefix: str = "") -> list[str]:
+    if isinstance(detail, dict):
+        out: list[str] = []
+        for key, value in detail.items():
+            name = key if key != "non_field_errors" else ""
+            out.extend(_flatten(value, f"{prefix}.{name}" if prefix and name else (prefix or name)))
+        return out
+    if isinstance(detail, list):
+        out = []
+        for index, value in enumerate(detail):
+            if isinstance(value, dict | list):
+                out.extend(_flatten(value, f"{prefix}[{index}]"))
+            else:
+                out.extend(_flatten(value, prefix))
+        return out
+    return [f"{prefix}: {detail}" if prefix else str(detail)]
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages})
+    elif isinstance(exc, IntegrityError):
+        exc = exceptions.APIException(detail="The request conflicts with existing data.")
+        exc.status_code = status.HTTP_409_CONFLICT
+        exc.default_code = "conflict"
+    elif isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    detail = response.data
+    body: dict = {"status": response.status_code}
+    if isinstance(exc, exceptions.ValidationError):
+        fields = detail if isinstance(detail, dict) else {"non_field_errors": detail}
+        body["code"] = "invalid"
+        body["message"] = "; ".join(_flatten(fields)) or "Invalid input."
+        body["fields"] = fields
+    else:
+        codes = exc.get_codes() if isinstance(exc, exceptions.APIException) else None
+        body["code"] = codes if isinstance(codes, str) else "error"
+        body["message"] = "; ".join(_flatten(detail)) if not isinstance(detail, dict) or "detail" not in detail \
+            else str(detail["detail"])
+    return Response({"error": body}, status=response.status_code, headers=_headers(response))
+
+
+def _headers(response) -> dict[str, str]:
+    return {key: value for key, value in response.items() if key in {"WWW-Authenticate", "Retry-After", "Allow"}}
