@@ -26,6 +26,11 @@ class Workspace(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def namespace(self) -> str:
+        """The durable-run namespace holding this workspace's runs."""
+        return f"ws-{self.pk}"
+
 
 class Membership(models.Model):
     class Role(models.TextChoices):

@@ -2,4 +2,5 @@
 
 from .base import *  # noqa: F403
 from .celery import *  # noqa: F403
+from .durable import *  # noqa: F403
 from .llm import *  # noqa: F403

@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "config.apps.ConfigAppConfig",
     "workspaces",
+    "durable",
 ]
 
 MIDDLEWARE = [

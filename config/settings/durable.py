@@ -1,0 +1,28 @@
+"""The durable engine (see durable/settings.py for how each is used)."""
+
+import json
+
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_float, env_int, env_list, env_str
+
+DURABLE_LEASE_SECONDS = env_float("DURABLE_LEASE_SECONDS", 30.0, minimum=1.0)
+DURABLE_TIMER_BATCH = env_int("DURABLE_TIMER_BATCH", 500, minimum=1)
+DURABLE_MAX_RECOVERY_ATTEMPTS = env_int("DURABLE_MAX_RECOVERY_ATTEMPTS", 5, minimum=0)
+DURABLE_EVENT_TTL_SECONDS = env_int("DURABLE_EVENT_TTL_SECONDS", 7 * 24 * 3600, minimum=1)
+DURABLE_FAN_CHUNK = env_int("DURABLE_FAN_CHUNK", 100, minimum=1, maximum=1000)
+# Encrypts run and step payloads at rest when set (comma-separated Fernet keys; the first encrypts).
+DURABLE_PAYLOAD_KEYS = env_list("DURABLE_PAYLOAD_KEYS", [])
+# Extra modules defining durable workflows, imported by every process (apps' durable_workflows modules are found
+# automatically).
+DURABLE_WORKFLOW_MODULES = env_list("DURABLE_WORKFLOW_MODULES", [])
+
+_policies = env_str("DURABLE_RETENTION_POLICIES", "")
+try:
+    # e.g. [{"statuses": ["completed"], "max_age_days": 30}, {"statuses": ["failed", "dead"], "max_count": 10000}]
+    DURABLE_RETENTION_POLICIES = json.loads(_policies) if _policies else [
+        {"statuses": ["completed", "cancelled"], "max_age_days": 30},
+        {"statuses": ["failed", "dead"], "max_age_days": 90},
+    ]
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DURABLE_RETENTION_POLICIES is not valid JSON ({exc}).") from None

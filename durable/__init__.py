@@ -1,0 +1,6 @@
+"""Lineage's durable execution engine: registered workflows replayed turn by turn from
+step checkpoints in Postgres, executed by Celery workers. Knows nothing about agents."""
+
+from durable.registry import workflow
+
+__all__ = ["workflow"]

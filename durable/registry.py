@@ -1,0 +1,90 @@
+"""Registered durable workflows, by name.
+
+    from durable import workflow
+
+    @workflow("billing.charge")
+    def charge(ctx, input):
+        ...
+
+Every process (web, worker, beat) imports the modules that define workflows: each
+installed app's ``durable_workflows`` module, plus the modules named in the
+DURABLE_WORKFLOW_MODULES setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+
+from django.conf import settings
+from django.utils.module_loading import autodiscover_modules
+
+
+class UnknownWorkflow(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class WorkflowDefinition:
+    name: str
+    fn: Callable
+    queue: str | None = None
+    description: str = ""
+
+
+_registry: dict[str, WorkflowDefinition] = {}
+
+
+def workflow(name: str | None = None, *, queue: str | None = None):
+    """Register `fn(ctx, input)` as a durable workflow under `name` (default: module.qualname)."""
+
+    def register(fn: Callable) -> Callable:
+        key = name or f"{fn.__module__}.{fn.__qualname__}"
+        existing = _registry.get(key)
+        if existing is not None and (existing.fn.__module__, existing.fn.__qualname__) != (
+            fn.__module__, fn.__qualname__,
+        ):
+            raise ValueError(f"durable workflow {key!r} is already registered by {existing.fn.__module__}")
+        _registry[key] = WorkflowDefinition(name=key, fn=fn, queue=queue, description=(fn.__doc__ or "").strip())
+        fn.durable_name = key
+        return fn
+
+    return register
+
+
+def get_workflow(name: str) -> WorkflowDefinition:
+    try:
+        return _registry[name]
+    except KeyError:
+        raise UnknownWorkflow(f"No durable workflow is registered as {name!r}.") from None
+
+
+def workflow_names() -> list[str]:
+    return sorted(_registry)
+
+
+def resolve_callable(path: str) -> Callable:
+    """Import `module:qualname` (a queued step's function)."""
+    module_name, _, qualname = path.partition(":")
+    target = import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def callable_path(fn: Callable) -> str:
+    """The importable path of a module-level function; queued steps need one to run on another worker."""
+    qualname = getattr(fn, "__qualname__", "")
+    module = getattr(fn, "__module__", None)
+    if not module or "<" in qualname:
+        raise ValueError(
+            f"{fn!r} cannot run on another worker: queued steps need a module-level function, not a lambda or closure."
+        )
+    return f"{module}:{qualname}"
+
+
+def autodiscover() -> None:
+    autodiscover_modules("durable_workflows")
+    for module in getattr(settings, "DURABLE_WORKFLOW_MODULES", []):
+        import_module(module)
