@@ -11,4 +11,9 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 # Each entry: what it does and why it runs at that pace.
-app.conf.beat_schedule = {}
+app.conf.beat_schedule = {
+    # the durable engine's heartbeat: due timers, expired leases, step retries and timeouts, schedules
+    "durable-tick": {"task": "durable.tick", "schedule": 1.0, "options": {"expires": 5}},
+    # retention policies and buffered-event pruning do not need to be any faster than this
+    "durable-retention": {"task": "durable.retention", "schedule": 60.0, "options": {"expires": 50}},
+}

@@ -31,13 +31,17 @@ class WorkflowDefinition:
     fn: Callable
     queue: str | None = None
     description: str = ""
+    compensation: str | None = None
 
 
 _registry: dict[str, WorkflowDefinition] = {}
 
 
-def workflow(name: str | None = None, *, queue: str | None = None):
-    """Register `fn(ctx, input)` as a durable workflow under `name` (default: module.qualname)."""
+def workflow(name: str | None = None, *, queue: str | None = None, compensation: str | None = None):
+    """Register `fn(ctx, input)` as a durable workflow under `name` (default: module.qualname).
+
+    `compensation` names another registered workflow started when a run is cancelled with
+    compensation; it receives {"run_id": ..., "input": ...}."""
 
     def register(fn: Callable) -> Callable:
         key = name or f"{fn.__module__}.{fn.__qualname__}"
@@ -46,7 +50,8 @@ def workflow(name: str | None = None, *, queue: str | None = None):
             fn.__module__, fn.__qualname__,
         ):
             raise ValueError(f"durable workflow {key!r} is already registered by {existing.fn.__module__}")
-        _registry[key] = WorkflowDefinition(name=key, fn=fn, queue=queue, description=(fn.__doc__ or "").strip())
+        _registry[key] = WorkflowDefinition(name=key, fn=fn, queue=queue, description=(fn.__doc__ or "").strip(),
+                                            compensation=compensation)
         fn.durable_name = key
         return fn
 

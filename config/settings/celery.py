@@ -21,3 +21,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBIL
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Priorities 0 (first) .. 9 on the Redis transport; durable runs map their priority onto them.
+CELERY_BROKER_TRANSPORT_OPTIONS["queue_order_strategy"] = "priority"
+CELERY_BROKER_TRANSPORT_OPTIONS["priority_steps"] = list(range(10))
+CELERY_BROKER_TRANSPORT_OPTIONS["sep"] = ":"
+CELERY_TASK_ROUTES = {
+    "durable.tick": {"queue": "celery"},
+    "durable.retention": {"queue": "celery"},
+}

@@ -16,6 +16,8 @@ DURABLE_PAYLOAD_KEYS = env_list("DURABLE_PAYLOAD_KEYS", [])
 # Extra modules defining durable workflows, imported by every process (apps' durable_workflows modules are found
 # automatically).
 DURABLE_WORKFLOW_MODULES = env_list("DURABLE_WORKFLOW_MODULES", [])
+DURABLE_DISPATCH_ENABLED = True
+DURABLE_STEP_DEFAULT_TIMEOUT = env_float("DURABLE_STEP_DEFAULT_TIMEOUT", 300.0, minimum=0.1)
 
 _policies = env_str("DURABLE_RETENTION_POLICIES", "")
 try:

@@ -1,0 +1,111 @@
+"""Retention: delete terminal runs past their policy, and prune expired buffered events.
+
+A policy is {"statuses": [...terminal statuses], "max_age_days": N and/or "max_count": N,
+optionally "workflow": name}. Only terminal runs are ever selected. Each chunk of 500 ids
+is deleted in one transaction, cascading by explicit ``IN (...)`` deletes (checkpoints,
+waiters, buffered signals, attributes, then the runs), so a chunk goes whole or not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection, transaction
+
+from durable import engine
+from durable.models import DurableRun
+from durable.settings import durable_settings
+
+logger = logging.getLogger("durable.retention")
+
+CHUNK = 500
+TERMINAL = sorted(DurableRun.Status.TERMINAL)
+
+
+def delete_runs(run_ids: list[str]) -> int:
+    """Delete runs and everything hanging off them, in chunks of 500 ids, one transaction a chunk.
+    Active runs in the list are left alone."""
+    deleted = 0
+    for start in range(0, len(run_ids), CHUNK):
+        chunk = run_ids[start:start + CHUNK]
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {engine.RUN_TABLE} WHERE id = ANY(%s) AND status = ANY(%s) FOR UPDATE",
+                [chunk, TERMINAL],
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+            if not ids:
+                continue
+            for table in (engine.CP_TABLE, engine.WAITER_TABLE, engine.SIGNAL_TABLE, engine.ATTR_TABLE):
+                cursor.execute(f"DELETE FROM {table} WHERE run_id = ANY(%s)", [ids])
+            cursor.execute(f"DELETE FROM {engine.RUN_TABLE} WHERE id = ANY(%s)", [ids])
+            deleted += cursor.rowcount
+    return deleted
+
+
+def _validate(policy: dict) -> tuple[list[str], float | None, int | None, str | None]:
+    statuses = list(policy.get("statuses") or [])
+    bad = [status for status in statuses if status not in DurableRun.Status.TERMINAL]
+    if not statuses or bad:
+        raise ImproperlyConfigured(f"retention policy {policy!r}: statuses must be terminal ({', '.join(TERMINAL)})")
+    age = policy.get("max_age_days")
+    count = policy.get("max_count")
+    if age is None and count is None:
+        raise ImproperlyConfigured(f"retention policy {policy!r} needs max_age_days and/or max_count")
+    return statuses, age, count, policy.get("workflow")
+
+
+def apply_policy(policy: dict, *, max_chunks: int = 20) -> int:
+    statuses, age, count, workflow = _validate(policy)
+    deleted = 0
+    for _ in range(max_chunks):
+        conditions, params = ["status = ANY(%s)"], [statuses]
+        if workflow:
+            conditions.append("workflow = %s")
+            params.append(workflow)
+        where = " AND ".join(conditions)
+        queries = []
+        if age is not None:
+            queries.append((f"SELECT id FROM {engine.RUN_TABLE} WHERE {where} "
+                            "AND ended_at < now() - make_interval(days => %s) ORDER BY ended_at LIMIT %s",
+                            [*params, int(age), CHUNK]))
+        if count is not None:
+            queries.append((f"SELECT id FROM {engine.RUN_TABLE} WHERE {where} "
+                            "ORDER BY ended_at DESC NULLS LAST, id DESC OFFSET %s LIMIT %s",
+                            [*params, int(count), CHUNK]))
+        ids: set[str] = set()
+        with connection.cursor() as cursor:
+            for sql, query_params in queries:
+                cursor.execute(sql, query_params)
+                ids.update(row[0] for row in cursor.fetchall())
+        if not ids:
+            break
+        deleted += delete_runs(sorted(ids))
+    return deleted
+
+
+def prune_buffered_events(*, batch: int = 5000) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {engine.EVENT_TABLE} WHERE id IN (SELECT id FROM {engine.EVENT_TABLE} "
+            "WHERE expires_at < now() ORDER BY expires_at LIMIT %s)", [batch],
+        )
+        return cursor.rowcount
+
+
+def retention_pass() -> dict[str, int | str]:
+    """Apply every configured policy, then prune expired buffered events; each step reports its own error."""
+    report: dict[str, int | str] = {}
+    for index, policy in enumerate(durable_settings().retention_policies):
+        try:
+            report[f"policy_{index}"] = apply_policy(policy)
+        except Exception as exc:
+            logger.exception("durable: retention policy %s failed", policy)
+            report[f"policy_{index}"] = f"error: {exc}"
+    try:
+        report["buffered_events"] = prune_buffered_events()
+    except Exception as exc:
+        logger.exception("durable: pruning buffered events failed")
+        report["buffered_events"] = f"error: {exc}"
+    return report

@@ -1,0 +1,35 @@
+"""Celery entry points of the engine: thin wrappers around durable.engine and durable.tick."""
+
+from celery import shared_task
+from django.db import InterfaceError, OperationalError
+
+from durable import engine, retention, tick
+
+
+@shared_task(name="durable.run_turn", autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
+             max_retries=5, acks_late=True)
+def run_turn(run_id: str) -> str:
+    """One turn of a run. Sent on every wake (start, settled step, due timer, signal). Safe to retry
+    and to deliver twice: the claim is a compare-and-set on the run's lease."""
+    return engine.execute_turn(run_id).outcome
+
+
+@shared_task(name="durable.run_steps", autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
+             max_retries=5, acks_late=True)
+def run_steps(run_id: str, seqs: list[int]) -> dict:
+    """A batch of one run's queued steps. Sent when a step or fan is started and by the tick for due
+    retries. Safe to deliver twice: each step is claimed pending -> running once."""
+    return engine.execute_steps(run_id, seqs)
+
+
+@shared_task(name="durable.tick", ignore_result=True)
+def run_tick() -> dict:
+    """Beat, every second: leases, timers, step retries and timeouts, lost wakes, schedules.
+    Safe to race: every phase claims rows with SKIP LOCKED or compare-and-set."""
+    return tick.tick()
+
+
+@shared_task(name="durable.retention", ignore_result=True)
+def run_retention() -> dict:
+    """Beat, every minute: retention policies and the buffered-event TTL. Safe to race."""
+    return retention.retention_pass()

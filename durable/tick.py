@@ -1,0 +1,195 @@
+"""The engine's periodic passes, run by Celery beat every second (retention every minute).
+
+Each phase is independent and catches its own errors, so one failing pass never stops the
+others. Every phase claims rows with a compare-and-set or FOR UPDATE SKIP LOCKED, so two
+ticks racing (two beats, a manual tick) do the work once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from datetime import timedelta
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from durable import engine
+from durable.codec import encode
+from durable.models import DurableRun, Schedule
+from durable.schedules import due_windows, jitter_for, next_window, run_id_for
+from durable.settings import durable_settings
+
+logger = logging.getLogger("durable.tick")
+
+RUN = engine.RUN_TABLE
+CP = engine.CP_TABLE
+MAX_BATCHES_PER_TICK = 20
+
+
+def recover_expired_leases() -> int:
+    """Runs whose worker stopped renewing its lease: count a recovery attempt and turn them again,
+    or mark them dead past DURABLE_MAX_RECOVERY_ATTEMPTS."""
+    settings = durable_settings()
+    dead_error = encode({"type": "RecoveryExhausted",
+                         "message": f"the run's lease expired more than {settings.max_recovery_attempts} times"})
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {RUN} SET recovery_attempts = recovery_attempts + 1, locked_by = '', locked_until = NULL,
+                    status = CASE WHEN recovery_attempts + 1 > %s THEN 'dead' ELSE 'suspended' END,
+                    error = CASE WHEN recovery_attempts + 1 > %s THEN %s ELSE error END,
+                    ended_at = CASE WHEN recovery_attempts + 1 > %s THEN now() ELSE ended_at END,
+                    wake_pending = (recovery_attempts + 1 <= %s), dispatched_at = now(), updated_at = now()
+                WHERE id IN (SELECT id FROM {RUN} WHERE status = 'running' AND locked_until < now()
+                             ORDER BY locked_until LIMIT %s FOR UPDATE SKIP LOCKED)
+                RETURNING id, status, priority, parent_id, parent_seq""",
+            [settings.max_recovery_attempts] * 2 + [dead_error] + [settings.max_recovery_attempts] * 2
+            + [settings.timer_batch],
+        )
+        rows = cursor.fetchall()
+        for run_id, status, priority, parent_id, parent_seq in rows:
+            if status == "dead":
+                logger.error("durable: run %s is dead after too many recoveries", run_id)
+                if parent_id:
+                    engine.notify_parent(parent_id, parent_seq, "dead", child_id=run_id)
+            else:
+                logger.warning("durable: recovering run %s (its lease expired)", run_id)
+                engine.dispatch_turn(run_id, priority)
+    return len(rows)
+
+
+def resume_due_timers() -> int:
+    """Suspended runs whose timer is due (sleeps, signal timeouts, inline retries): oldest first,
+    in batches of DURABLE_TIMER_BATCH."""
+    batch = durable_settings().timer_batch
+    total = 0
+    for _ in range(MAX_BATCHES_PER_TICK):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                f"""UPDATE {RUN} SET wake_pending = true, wake_at = NULL, dispatched_at = now(), updated_at = now()
+                    WHERE id IN (SELECT id FROM {RUN} WHERE status = 'suspended' AND wake_at <= now()
+                                 ORDER BY wake_at LIMIT %s FOR UPDATE SKIP LOCKED)
+                    RETURNING id, priority""",
+                [batch],
+            )
+            rows = cursor.fetchall()
+            for run_id, priority in rows:
+                engine.dispatch_turn(run_id, priority)
+        total += len(rows)
+        if len(rows) < batch:
+            break
+    return total
+
+
+def dispatch_due_steps() -> int:
+    """Queued steps whose retry is due, or whose message was never picked up: send them again."""
+    settings = durable_settings()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {CP} SET wake_at = now() + make_interval(secs => %s)
+                WHERE id IN (SELECT id FROM {CP} WHERE status = 'pending' AND queue <> '' AND wake_at <= now()
+                             ORDER BY wake_at LIMIT %s FOR UPDATE SKIP LOCKED)
+                RETURNING run_id, seq, queue""",
+            [settings.redispatch_after_seconds, settings.timer_batch],
+        )
+        rows = cursor.fetchall()
+        grouped: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for run_id, seq, queue in rows:
+            grouped[(run_id, queue)].append(seq)
+        for (run_id, queue), seqs in grouped.items():
+            engine.dispatch_steps(run_id, seqs, queue)
+    return len(rows)
+
+
+def time_out_silent_steps() -> int:
+    """Running steps silent for longer than their timeout: the attempt is abandoned and the step
+    goes back to pending (or fails once its worker has been lost too many times)."""
+    settings = durable_settings()
+    timed_out = encode({"type": "StepTimeout", "message": "no heartbeat within the step's timeout"})
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {CP} SET
+                    status = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN 'failed' ELSE 'pending' END,
+                    completed_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN now() END,
+                    wake_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN NULL ELSE now() END,
+                    options = jsonb_set(options, '{{timeouts}}',
+                                        to_jsonb(COALESCE((options->>'timeouts')::int, 0) + 1)),
+                    timeout_at = NULL, error = %s
+                WHERE id IN (SELECT id FROM {CP} WHERE status = 'running' AND timeout_at < now()
+                             ORDER BY timeout_at LIMIT %s FOR UPDATE SKIP LOCKED)
+                RETURNING run_id, seq, status, queue, parallel_group""",
+            [settings.max_recovery_attempts] * 3 + [timed_out, settings.timer_batch],
+        )
+        rows = cursor.fetchall()
+        for run_id, seq, status, queue, _group in rows:
+            logger.warning("durable: step %s#%s timed out (%s)", run_id, seq, status)
+            if status == "failed":
+                engine.wake_run(run_id)
+            else:
+                engine.dispatch_steps(run_id, [seq], queue)
+    return len(rows)
+
+
+def redispatch_lost_wakes() -> int:
+    """Runs that want a turn but whose message was lost (a broker restart): send it again."""
+    settings = durable_settings()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {RUN} SET dispatched_at = now()
+                WHERE id IN (SELECT id FROM {RUN} WHERE wake_pending AND dispatched_at < now() - make_interval(secs => %s)
+                               AND status IN ('pending', 'suspended')
+                             ORDER BY dispatched_at LIMIT %s FOR UPDATE SKIP LOCKED)
+                RETURNING id, priority""",
+            [settings.redispatch_after_seconds, settings.timer_batch],
+        )
+        rows = cursor.fetchall()
+        for run_id, priority in rows:
+            engine.dispatch_turn(run_id, priority)
+    return len(rows)
+
+
+def fire_due_schedules(*, now=None) -> int:
+    """Start one run per due window of each unpaused schedule (bounded catch-up, overlap policy)."""
+    now = now or timezone.now()
+    started = 0
+    with transaction.atomic():
+        schedules = list(
+            Schedule.objects.select_for_update(skip_locked=True)
+            .filter(paused=False, next_fire_at__lte=now).order_by("next_fire_at")[:100]
+        )
+        for schedule in schedules:
+            windows = due_windows(schedule, now=now)
+            for window in windows:
+                if schedule.overlap == Schedule.Overlap.SKIP and schedule.last_run_id and DurableRun.objects.filter(
+                    pk=schedule.last_run_id, status__in=DurableRun.Status.ACTIVE
+                ).exists():
+                    logger.info("durable: schedule %s skipped window %s (previous run active)", schedule.key, window)
+                    continue
+                run_id = run_id_for(schedule, window)
+                if engine.create_run(run_id=run_id, workflow=schedule.workflow, input=schedule.input,
+                                     namespace=schedule.namespace, tags=[*schedule.tags, f"schedule:{schedule.key}"]):
+                    started += 1
+                schedule.last_run_id = run_id
+            if windows:
+                schedule.last_fired_at = windows[-1]
+            upcoming = next_window(schedule, after=schedule.last_fired_at or (schedule.created_at - timedelta(seconds=1)))
+            schedule.next_fire_at = upcoming + jitter_for(schedule, upcoming)
+            schedule.save(update_fields=["last_fired_at", "last_run_id", "next_fire_at", "updated_at"])
+    return started
+
+
+PHASES = [recover_expired_leases, resume_due_timers, dispatch_due_steps, time_out_silent_steps,
+          redispatch_lost_wakes, fire_due_schedules]
+
+
+def tick() -> dict[str, int | str]:
+    """Run every phase once; each catches and reports its own errors."""
+    report: dict[str, int | str] = {}
+    for phase in PHASES:
+        try:
+            report[phase.__name__] = phase()
+        except Exception as exc:
+            logger.exception("durable: tick phase %s failed", phase.__name__)
+            report[phase.__name__] = f"error: {type(exc).__name__}: {exc}"
+            connection.close_if_unusable_or_obsolete()
+    return report

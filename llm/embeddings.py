@@ -1,0 +1,281 @@
+"""Embedding providers: OpenAI (or any OpenAI-compatible server) and a deterministic offline one.
+
+    provider = get_embedding_provider()
+    result = provider.embed(["first text", "second text"])   # result.vectors: float32 array (n, dimensions)
+    query = provider.embed_query("what is lineage?")          # one float32 vector
+
+Both return unit-length vectors of ``settings.EMBEDDING_DIMENSIONS`` values, so cosine distance is
+the natural metric. Which provider answers is ``settings.EMBEDDING_PROVIDER``: ``openai`` when an
+API key is set, else ``offline``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import re
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from llm.usage import Usage, estimate_tokens, record_usage
+
+logger = logging.getLogger("llm.embeddings")
+
+
+class EmbeddingError(Exception):
+    """The provider refused the request for good (bad input, bad key, wrong dimensions)."""
+
+
+class TransientEmbeddingError(EmbeddingError):
+    """The provider did not answer in time or kept rate-limiting: worth retrying later."""
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    vectors: np.ndarray  # float32, shape (len(texts), dimensions), rows of unit length
+    usage: Usage
+
+
+class EmbeddingProvider(ABC):
+    name: str
+    model: str
+    dimensions: int
+
+    @abstractmethod
+    def _embed(self, texts: list[str]) -> EmbeddingResult: ...
+
+    def embed(self, texts: Sequence[str]) -> EmbeddingResult:
+        """Embed `texts` (any number; batched as the provider needs) and record the usage."""
+        texts = list(texts)
+        if not texts:
+            return EmbeddingResult(np.zeros((0, self.dimensions), dtype=np.float32),
+                                   Usage(provider=self.name, model=self.model))
+        result = self._embed(texts)
+        if result.vectors.shape != (len(texts), self.dimensions):
+            raise EmbeddingError(
+                f"{self.name} model {self.model!r} returned vectors of shape {result.vectors.shape}, expected "
+                f"({len(texts)}, {self.dimensions}): set EMBEDDING_DIMENSIONS to the model's width or choose "
+                "a model that supports it."
+            )
+        record_usage(result.usage)
+        return result
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed([text]).vectors[0]
+
+
+# ------------------------------------------------------------------------------------------- offline
+
+_WORD = re.compile(r"\w+")
+# dropped before hashing so that shared function words do not make every pair of texts look alike
+STOP_WORDS = frozenset(
+    ["a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "from", "has", "have", "he", "her", "his", "i", "if", "in", "into", "is", "it", "its", "of", "on", "or", "our", "she", "so", "that", "the", "their", "them", "then", "there", "these", "they", "this", "to", "was", "we", "were", "what", "when", "which", "who", "will", "with", "you", "your"]
+)
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+_BIGRAM_MULT = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: spreads the bits of combined hashes (numpy uint64 arithmetic wraps)."""
+    h = h ^ (h >> np.uint64(30))
+    h = h * _MIX1
+    h = h ^ (h >> np.uint64(27))
+    h = h * _MIX2
+    return h ^ (h >> np.uint64(31))
+
+
+class OfflineEmbeddingProvider(EmbeddingProvider):
+    """Deterministic feature hashing, for demos, tests and benchmarks; never a real model.
+
+    Each text is lower-cased and split into words; common function words are dropped (unless
+    nothing else is left). Every word (weight 1) and every pair of adjacent words (weight 0.5)
+    is hashed with BLAKE2b into one of `dimensions` buckets with a hashed sign, the bucket counts
+    form the vector, and the vector is scaled to unit length. Texts sharing words therefore land
+    near each other, the same text always gives the same vector, in every process and on every
+    machine, and a whole batch is hashed with a few numpy operations.
+    """
+
+    name = "offline"
+    BIGRAM_WEIGHT = 0.5
+    _CACHE_LIMIT = 500_000
+
+    def __init__(self, *, dimensions: int, model: str = "offline-hash-v1"):
+        self.dimensions = dimensions
+        self.model = model
+        self._hashes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _word_hash(self, word: str) -> int:
+        value = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little") or 1
+        if len(self._hashes) >= self._CACHE_LIMIT:
+            with self._lock:
+                self._hashes.clear()
+        self._hashes[word] = value
+        return value
+
+    def _text_hashes(self, text: str) -> list[int]:
+        words = _WORD.findall(text.lower())
+        kept = [w for w in words if w not in STOP_WORDS] or words
+        if not kept:  # punctuation only: one bucket from the whole text, never a zero vector
+            return [self._word_hash("\x00" + text)]
+        get = self._hashes.get
+        return [get(w) or self._word_hash(w) for w in kept]
+
+    def _embed(self, texts: list[str]) -> EmbeddingResult:
+        dims = np.uint64(self.dimensions)
+        flat_index, weights = [], []
+        tokens = 0
+        for row, text in enumerate(texts):
+            hashes = np.fromiter(self._text_hashes(text), dtype=np.uint64)
+            tokens += estimate_tokens(text)
+            features = _mix(hashes)
+            weight = np.ones(len(hashes), dtype=np.float64)
+            if len(hashes) > 1:
+                bigrams = _mix(hashes[:-1] * _BIGRAM_MULT + hashes[1:])
+                features = np.concatenate([features, bigrams])
+                weight = np.concatenate([weight, np.full(len(bigrams), self.BIGRAM_WEIGHT)])
+            sign = 1.0 - 2.0 * (features >> np.uint64(63)).astype(np.float64)
+            flat_index.append((features % dims).astype(np.int64) + row * self.dimensions)
+            weights.append(weight * sign)
+        counts = np.bincount(np.concatenate(flat_index), weights=np.concatenate(weights),
+                             minlength=len(texts) * self.dimensions).reshape(len(texts), self.dimensions)
+        norms = np.linalg.norm(counts, axis=1, keepdims=True)
+        # opposite signs can cancel out exactly: fall back to a fixed unit vector rather than zero
+        zero = norms[:, 0] == 0
+        if zero.any():
+            counts[zero, 0], norms[zero] = 1.0, 1.0
+        vectors = (counts / norms).astype(np.float32)
+        return EmbeddingResult(vectors, Usage.priced(provider=self.name, model=self.model, input_tokens=tokens))
+
+
+# -------------------------------------------------------------------------------------------- openai
+
+
+class OpenAIEmbeddingProvider(EmbeddingProvider):
+    """The OpenAI embeddings endpoint through the official client, with any OpenAI-compatible base URL
+    (vLLM, Ollama, LM Studio). Requests hold at most `batch_size` texts; rate limits, timeouts,
+    connection errors and 5xx answers are retried with capped exponential backoff and jitter
+    (honouring Retry-After), other errors fail at once with the server's message."""
+
+    name = "openai"
+    MAX_INPUT_CHARS = 24_000  # about 6,000 tokens: under the 8,191-token input limit
+
+    def __init__(self, *, model: str, dimensions: int, api_key: str = "", base_url: str | None = None,
+                 batch_size: int = 64, timeout: float = 60.0, max_retries: int = 5, backoff_base: float = 1.0,
+                 backoff_cap: float = 30.0, sleep: Callable[[float], None] = time.sleep, client=None):
+        import openai
+
+        self.model = model
+        self.dimensions = dimensions
+        self.batch_size = batch_size
+        self.max_retries = max_retries
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self._sleep = sleep
+        self._openai = openai
+        # the client's own retries are off: ours know about Retry-After and count every attempt
+        self.client = client or openai.OpenAI(api_key=api_key or "no-key", base_url=base_url, timeout=timeout,
+                                              max_retries=0)
+        # text-embedding-3 models shorten their vectors on request; other models have a fixed width
+        self.send_dimensions = model.startswith("text-embedding-3")
+
+    def _embed(self, texts: list[str]) -> EmbeddingResult:
+        vectors, usage = [], Usage(provider=self.name, model=self.model)
+        for start in range(0, len(texts), self.batch_size):
+            batch = [(text[: self.MAX_INPUT_CHARS] or " ") for text in texts[start : start + self.batch_size]]
+            batch_vectors, tokens = self._request(batch)
+            vectors.append(batch_vectors)
+            usage = usage + Usage.priced(provider=self.name, model=self.model, input_tokens=tokens)
+        return EmbeddingResult(np.concatenate(vectors), usage)
+
+    def _request(self, batch: list[str]) -> tuple[np.ndarray, int]:
+        openai = self._openai
+        kwargs = {"model": self.model, "input": batch, "encoding_format": "float"}
+        if self.send_dimensions:
+            kwargs["dimensions"] = self.dimensions
+        attempt = 0
+        while True:
+            try:
+                response = self.client.embeddings.create(**kwargs)
+                break
+            except (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError,
+                    openai.InternalServerError) as exc:
+                attempt += 1
+                if attempt > self.max_retries:
+                    raise TransientEmbeddingError(
+                        f"embedding request failed after {attempt} attempts: {type(exc).__name__}: {exc}"
+                    ) from exc
+                delay = self._delay(attempt, exc)
+                logger.warning("embedding request failed (%s), retry %d/%d in %.1fs",
+                               type(exc).__name__, attempt, self.max_retries, delay)
+                self._sleep(delay)
+            except openai.APIStatusError as exc:
+                raise EmbeddingError(f"the embedding server refused the request ({exc.status_code}): "
+                                     f"{_server_message(exc)}") from exc
+        data = sorted(response.data, key=lambda item: item.index)
+        if len(data) != len(batch):
+            raise EmbeddingError(f"the embedding server returned {len(data)} vectors for {len(batch)} texts")
+        vectors = np.asarray([item.embedding for item in data], dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self.dimensions:
+            width = vectors.shape[1] if vectors.ndim == 2 else "?"
+            raise EmbeddingError(
+                f"model {self.model!r} returned {width}-dimensional vectors but EMBEDDING_DIMENSIONS is "
+                f"{self.dimensions}: choose a model of that width (text-embedding-3 models accept any)."
+            )
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        vectors = vectors / np.where(norms == 0, 1, norms)
+        usage = getattr(response, "usage", None)
+        tokens = getattr(usage, "prompt_tokens", None) or sum(estimate_tokens(text) for text in batch)
+        return vectors, int(tokens)
+
+    def _delay(self, attempt: int, exc: Exception) -> float:
+        response = getattr(exc, "response", None)
+        retry_after = response.headers.get("retry-after") if response is not None else None
+        if retry_after:
+            try:
+                return min(self.backoff_cap, max(0.0, float(retry_after)))
+            except ValueError:
+                pass
+        delay = min(self.backoff_cap, self.backoff_base * 2 ** (attempt - 1))
+        return delay * (0.5 + random.random() / 2)
+
+
+def _server_message(exc) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+    return str(getattr(exc, "message", exc))
+
+
+# ------------------------------------------------------------------------------------------ factory
+
+
+@lru_cache(maxsize=8)
+def _provider(name: str, model: str, dimensions: int, api_key: str, base_url: str | None, batch_size: int,
+              timeout: int) -> EmbeddingProvider:
+    if name == "offline":
+        return OfflineEmbeddingProvider(dimensions=dimensions, model=model)
+    if name == "openai":
+        return OpenAIEmbeddingProvider(model=model, dimensions=dimensions, api_key=api_key, base_url=base_url,
+                                       batch_size=batch_size, timeout=timeout)
+    raise ImproperlyConfigured(f"EMBEDDING_PROVIDER={name!r} is not known: use 'openai' or 'offline'.")
+
+
+def get_embedding_provider() -> EmbeddingProvider:
+    """The provider the settings name (one instance per configuration, shared by the process)."""
+    return _provider(settings.EMBEDDING_PROVIDER, settings.EMBEDDING_MODEL, settings.EMBEDDING_DIMENSIONS,
+                     settings.OPENAI_API_KEY, settings.OPENAI_BASE_URL, settings.EMBEDDING_BATCH_SIZE,
+                     settings.LLM_TIMEOUT_SECONDS)

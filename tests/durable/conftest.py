@@ -1,0 +1,10 @@
+import pytest
+
+import tests.durable.workflows  # noqa: F401 - registers the test workflows
+
+
+@pytest.fixture(autouse=True)
+def _no_celery_dispatch(settings, request):
+    """In-process tests drive runs with run_until_settled; tests with real workers opt back in."""
+    if "worker" not in request.keywords:
+        settings.DURABLE_DISPATCH_ENABLED = False

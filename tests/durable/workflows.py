@@ -1,0 +1,149 @@
+"""Workflows the durable tests run (imported by test workers through DURABLE_WORKFLOW_MODULES)."""
+
+import os
+import time
+from pathlib import Path
+
+from durable import workflow
+from durable.engine import Child, Step, heartbeat
+
+CALLS: list = []
+
+
+def add(a, b):
+    CALLS.append(("add", a, b))
+    return a + b
+
+
+def record(path, value):
+    """Append a line to a file: evidence of each execution that survives process death."""
+    with open(path, "a") as handle:
+        handle.write(f"{value}\n")
+    return value
+
+
+def slow_record(path, value, seconds):
+    record(path, f"start:{value}")
+    time.sleep(seconds)
+    return record(path, value)
+
+
+def flaky(path, failures):
+    """Fail `failures` times (counted in a file), then succeed."""
+    counter = Path(path)
+    count = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(count + 1))
+    if count < failures:
+        raise RuntimeError(f"flaky failure {count + 1}")
+    return count + 1
+
+
+def boom(message):
+    raise ValueError(message)
+
+
+def square(x):
+    return x * x
+
+
+def beating(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        heartbeat({"left": end - time.monotonic()})
+        time.sleep(0.1)
+    return "done"
+
+
+@workflow("tests.sequence")
+def sequence(ctx, input):
+    total = 0
+    for index in range(input.get("steps", 3)):
+        total = ctx.step(f"add-{index}", add, total, index)
+    return {"total": total}
+
+
+@workflow("tests.queued")
+def queued(ctx, input):
+    first = ctx.step("first", add, 1, 2, queue="steps")
+    second = ctx.step("second", add, first, 10, queue="steps")
+    return second
+
+
+@workflow("tests.fan")
+def fan(ctx, input):
+    results = ctx.all([Step(f"sq-{i}", square, (i,)) for i in range(input["n"])], mode=input.get("mode", "wait_all"))
+    return sum(results)
+
+
+@workflow("tests.fan_failing")
+def fan_failing(ctx, input):
+    items = [Step("ok", square, (3,)), Step("bad", boom, ("nope",))]
+    return ctx.all(items, mode=input.get("mode", "wait_all"), return_exceptions=input.get("return_exceptions", False))
+
+
+@workflow("tests.signal")
+def signal_wait(ctx, input):
+    before = ctx.step("before", add, 0, 1)
+    payload = ctx.wait_for_signal("approve", timeout=input.get("timeout"), default="timed-out")
+    return {"before": before, "payload": payload}
+
+
+@workflow("tests.event")
+def event_wait(ctx, input):
+    return ctx.wait_for_event("order.paid", match={"order": input["order"]})
+
+
+@workflow("tests.sleep")
+def sleeper(ctx, input):
+    ctx.sleep(input["seconds"])
+    return ctx.step("after", add, 1, 1)
+
+
+@workflow("tests.child")
+def child(ctx, input):
+    return {"child": input["x"] * 2}
+
+
+@workflow("tests.failing_child")
+def failing_child(ctx, input):
+    raise ValueError("child broke")
+
+
+@workflow("tests.parent")
+def parent(ctx, input):
+    one = ctx.child("tests.child", {"x": 1})
+    many = ctx.all([Child("tests.child", {"x": i}) for i in range(3)])
+    return {"one": one, "many": many}
+
+
+@workflow("tests.retrying")
+def retrying(ctx, input):
+    return ctx.step("flaky", flaky, input["counter"], input["failures"], retries=input.get("retries", 3),
+                    backoff="fixed", backoff_base=0.01, jitter=False, queue=input.get("queue"))
+
+
+@workflow("tests.values")
+def values(ctx, input):
+    ctx.set_attributes({"customer": input["customer"], "amount": input["amount"]})
+    return {"now": ctx.now().isoformat(), "uuid": str(ctx.uuid()), "pick": ctx.random().randint(0, 10**9)}
+
+
+@workflow("tests.durable_file")
+def durable_file(ctx, input):
+    """Each step appends to a file, so a test can count executions across worker crashes."""
+    for index in range(input["steps"]):
+        ctx.step(f"write-{index}", slow_record, input["path"], index, input.get("pause", 0.0))
+    return {"pid": os.getpid()}
+
+
+@workflow("tests.nondeterministic")
+def nondeterministic(ctx, input):
+    name = "a" if not Path(input["flag"]).exists() else "b"
+    ctx.step(name, add, 1, 1)
+    ctx.sleep(0.05)
+    return "done"
+
+
+@workflow("tests.heartbeat")
+def heartbeat_wf(ctx, input):
+    return ctx.step("beat", beating, input["seconds"], queue="steps", timeout=input["timeout"])
