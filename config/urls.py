@@ -6,6 +6,7 @@ from config.views import healthz
 
 api_patterns = [
     path("", include("workspaces.api.urls")),
+    path("", include("durable.api.urls")),
 ]
 
 urlpatterns = [

@@ -145,10 +145,8 @@ def backoff_delay(options: dict, attempt: int) -> float:
     """Seconds before retry number `attempt` (1-based): fixed or exponential with cap and full jitter."""
     base = float(options.get("backoff_base", 1.0))
     cap = float(options.get("backoff_cap", 60.0))
-    if options.get("backoff", "exponential") == "fixed":
-        delay = base
-    else:
-        delay = min(cap, base * (2 ** (attempt - 1)))
+    fixed = options.get("backoff", "exponential") == "fixed"
+    delay = base if fixed else min(cap, base * (2 ** (attempt - 1)))
     if options.get("jitter", True):
         delay = random.uniform(delay / 2, delay)
     return min(delay, cap)
@@ -222,9 +220,9 @@ def dispatch_steps(run_id: str, seqs: Sequence[int], queue: str, priority: int =
 
 
 WAKE_SQL = f"""
-UPDATE {RUN_TABLE} SET wake_pending = true, dispatched_at = now(), updated_at = now()
+UPDATE {RUN_TABLE} SET wake_pending = true, dispatched_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE id = %s AND status IN ('pending', 'running', 'suspended')
-RETURNING priority, (status = 'running' AND locked_until > now()) AS busy
+RETURNING priority, (status = 'running' AND locked_until > statement_timestamp()) AS busy
 """
 
 
@@ -280,7 +278,7 @@ class _LeaseKeeper:
             try:
                 with thread_connection.cursor() as cursor:
                     cursor.execute(
-                        f"UPDATE {RUN_TABLE} SET locked_until = now() + make_interval(secs => %s) "
+                        f"UPDATE {RUN_TABLE} SET locked_until = statement_timestamp() + make_interval(secs => %s) "
                         "WHERE id = ANY(%s) AND locked_by = ANY(%s) AND status = 'running'",
                         [lease, list(held), list(held.values())],
                     )
@@ -392,11 +390,13 @@ class Context:
     def _row(self, checkpoint: _Checkpoint, column: str):
         return decode(getattr(checkpoint, column), column=f"checkpoint.{column}", row=f"{self.run_id}#{checkpoint.seq}")
 
-    def _settle_pending(self, seq: int, status: str, *, output=None, error=None, attempt: int | None = None) -> bool:
-        sql = (f"UPDATE {CP_TABLE} SET status = %s, output = %s, error = %s, completed_at = now(), "
-               "wake_at = NULL WHERE run_id = %s AND seq = %s AND status IN ('pending', 'running')")
+    def _settle_pending(self, seq: int, status: str, *, output=None, error=None, attempt: int | None = None,
+                        set_attempt: int | None = None) -> bool:
+        sql = (f"UPDATE {CP_TABLE} SET status = %s, output = %s, error = %s, completed_at = statement_timestamp(), "
+               "wake_at = NULL, attempt = COALESCE(%s, attempt) "
+               "WHERE run_id = %s AND seq = %s AND status IN ('pending', 'running')")
         params = [status, encode(output) if output is not None else "", encode(error) if error is not None else "",
-                  self.run_id, seq]
+                  set_attempt, self.run_id, seq]
         if attempt is not None:
             sql += " AND attempt = %s"
             params.append(attempt)
@@ -450,7 +450,7 @@ class Context:
             _current_step.reset(token)
         if previous_attempt is None:
             self._record(seq, name, "step", result, started=started, attempt=attempt)
-        elif not self._settle_pending(seq, "completed", output=result, attempt=previous_attempt):
+        elif not self._settle_pending(seq, "completed", output=result, attempt=previous_attempt, set_attempt=attempt):
             raise LeaseLost(f"checkpoint {self.run_id}#{seq} was settled by another worker")
         return result
 
@@ -483,7 +483,7 @@ class Context:
             raise Suspend(wake_at) from None
         with connection.cursor() as cursor:
             cursor.execute(
-                f"UPDATE {CP_TABLE} SET attempt = %s, status = 'failed', error = %s, completed_at = now(), "
+                f"UPDATE {CP_TABLE} SET attempt = %s, status = 'failed', error = %s, completed_at = statement_timestamp(), "
                 "wake_at = NULL WHERE run_id = %s AND seq = %s AND status = 'pending' AND attempt = %s",
                 [attempt, encode(error), self.run_id, seq, previous_attempt],
             )
@@ -628,7 +628,7 @@ class Context:
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"DELETE FROM {EVENT_TABLE} WHERE id = (SELECT id FROM {EVENT_TABLE} "
-                    "WHERE name = %s AND payload @> %s::jsonb AND expires_at > now() ORDER BY created_at, id "
+                    "WHERE name = %s AND payload @> %s::jsonb AND expires_at > statement_timestamp() ORDER BY created_at, id "
                     "LIMIT 1 FOR UPDATE) RETURNING payload",
                     [name, json.dumps(match)],
                 )
@@ -647,7 +647,7 @@ class Context:
         with connection.cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {WAITER_TABLE} (run_id, seq, kind, key, match, created_at) "
-                "VALUES (%s, %s, %s, %s, %s::jsonb, now()) ON CONFLICT (run_id, seq) DO NOTHING",
+                "VALUES (%s, %s, %s, %s, %s::jsonb, statement_timestamp()) ON CONFLICT (run_id, seq) DO NOTHING",
                 [self.run_id, seq, kind, key, json.dumps(match)],
             )
 
@@ -808,7 +808,7 @@ def create_run(*, run_id: str, workflow: str, input=None, namespace: str = "defa
             f"""INSERT INTO {RUN_TABLE} (id, workflow, namespace, status, input, output, error, tags, priority,
                     parent_id, parent_seq, wake_pending, dispatched_at, locked_by, recovery_attempts, turns,
                     created_at, updated_at)
-                VALUES (%s, %s, %s, 'pending', %s, '', '', %s, %s, %s, %s, true, now(), '', 0, 0, now(), now())
+                VALUES (%s, %s, %s, 'pending', %s, '', '', %s, %s, %s, %s, true, statement_timestamp(), '', 0, 0, statement_timestamp(), statement_timestamp())
                 ON CONFLICT (id) DO NOTHING""",
             [run_id, workflow, namespace, encode(input), list(tags), priority, parent_id, parent_seq],
         )
@@ -823,24 +823,24 @@ def create_run(*, run_id: str, workflow: str, input=None, namespace: str = "defa
 
 CLAIM_SQL = f"""
 UPDATE {RUN_TABLE}
-SET status = 'running', locked_by = %s, locked_until = now() + make_interval(secs => %s), wake_pending = false,
-    wake_at = NULL, turns = turns + 1, started_at = COALESCE(started_at, now()), updated_at = now()
-WHERE id = %s AND status IN ('pending', 'suspended', 'running') AND (locked_until IS NULL OR locked_until < now())
+SET status = 'running', locked_by = %s, locked_until = statement_timestamp() + make_interval(secs => %s), wake_pending = false,
+    wake_at = NULL, turns = turns + 1, started_at = COALESCE(started_at, statement_timestamp()), updated_at = statement_timestamp()
+WHERE id = %s AND status IN ('pending', 'suspended', 'running') AND (locked_until IS NULL OR locked_until < statement_timestamp())
 RETURNING workflow, input, namespace, priority, tags
 """
 
 RELEASE_SQL = f"""
 UPDATE {RUN_TABLE}
-SET status = 'suspended', wake_at = %s, locked_by = '', locked_until = NULL, updated_at = now(),
-    dispatched_at = CASE WHEN wake_pending THEN now() ELSE dispatched_at END
+SET status = 'suspended', wake_at = %s, locked_by = '', locked_until = NULL, updated_at = statement_timestamp(),
+    dispatched_at = CASE WHEN wake_pending THEN statement_timestamp() ELSE dispatched_at END
 WHERE id = %s AND locked_by = %s AND status = 'running'
 RETURNING wake_pending
 """
 
 FINISH_SQL = f"""
 UPDATE {RUN_TABLE}
-SET status = %s, output = %s, error = %s, ended_at = now(), locked_by = '', locked_until = NULL, wake_at = NULL,
-    wake_pending = false, updated_at = now()
+SET status = %s, output = %s, error = %s, ended_at = statement_timestamp(), locked_by = '', locked_until = NULL, wake_at = NULL,
+    wake_pending = false, updated_at = statement_timestamp()
 WHERE id = %s AND locked_by = %s AND status = 'running'
 RETURNING parent_id, parent_seq
 """
@@ -937,7 +937,7 @@ def notify_parent(parent_id: str, parent_seq: int, child_status: str, *, output=
     status = "completed" if child_status == "completed" else "failed"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {CP_TABLE} SET status = %s, output = %s, error = %s, completed_at = now() "
+            f"UPDATE {CP_TABLE} SET status = %s, output = %s, error = %s, completed_at = statement_timestamp() "
             "WHERE run_id = %s AND seq = %s AND status IN ('pending', 'running') RETURNING parallel_group",
             [status, encode(output) if status == "completed" else "", encode(error) if error else "",
              parent_id, parent_seq],
@@ -994,8 +994,8 @@ def heartbeat(progress=None) -> None:
     scope.last_persist = now
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {CP_TABLE} SET last_heartbeat_at = now(), heartbeat_progress = %s, "
-            "timeout_at = CASE WHEN %s::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => %s::float8) END "
+            f"UPDATE {CP_TABLE} SET last_heartbeat_at = statement_timestamp(), heartbeat_progress = %s, "
+            "timeout_at = CASE WHEN %s::float8 IS NULL THEN NULL ELSE statement_timestamp() + make_interval(secs => %s::float8) END "
             "WHERE run_id = %s AND seq = %s AND attempt = %s AND status = 'running'",
             [encode(progress) if progress is not None else "", scope.timeout, scope.timeout, scope.run_id,
              scope.seq, scope.attempt],
@@ -1004,8 +1004,8 @@ def heartbeat(progress=None) -> None:
 
 CLAIM_STEPS_SQL = f"""
 UPDATE {CP_TABLE} AS cp
-SET status = 'running', started_at = now(), attempt = cp.attempt + 1, last_heartbeat_at = now(), wake_at = NULL,
-    timeout_at = now() + make_interval(secs => COALESCE((cp.options->>'timeout')::float8, %s))
+SET status = 'running', started_at = statement_timestamp(), attempt = cp.attempt + 1, last_heartbeat_at = statement_timestamp(), wake_at = NULL,
+    timeout_at = statement_timestamp() + make_interval(secs => COALESCE((cp.options->>'timeout')::float8, %s))
 WHERE cp.run_id = %s AND cp.seq = ANY(%s) AND cp.status = 'pending' AND cp.queue <> ''
   AND EXISTS (SELECT 1 FROM {RUN_TABLE} r WHERE r.id = cp.run_id AND r.status IN ('pending', 'running', 'suspended'))
 RETURNING cp.seq, cp.name, cp.input, cp.options, cp.attempt, cp.parallel_group
@@ -1067,7 +1067,7 @@ def settle_steps(run_id: str, settlements: list[tuple]) -> list[tuple]:
                     f"""UPDATE {CP_TABLE} AS cp
                         SET status = v.status, output = v.output, error = v.error, wake_at = v.wake_at,
                             timeout_at = NULL,
-                            completed_at = CASE WHEN v.status IN ('completed', 'failed') THEN now() END
+                            completed_at = CASE WHEN v.status IN ('completed', 'failed') THEN statement_timestamp() END
                         FROM (VALUES {values}) AS v(seq, status, output, error, wake_at, attempt)
                         WHERE cp.run_id = %s AND cp.seq = v.seq AND cp.status = 'running'
                           AND cp.attempt = v.attempt

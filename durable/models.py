@@ -167,6 +167,9 @@ class SignalWaiter(models.Model):
         ]
 
 
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} waits for {self.kind} {self.key}"
+
 class BufferedSignal(models.Model):
     """A signal sent before its waiter existed: consumed, oldest first, by the next matching wait."""
 
@@ -182,6 +185,9 @@ class BufferedSignal(models.Model):
             models.Index(fields=["run", "name", "id"], name="durable_buffered_signal_token"),
         ]
 
+
+    def __str__(self) -> str:
+        return f"{self.name} for {self.run_id}"
 
 class BufferedEvent(models.Model):
     """An event published while no run waited for it; kept until its TTL prunes it."""
@@ -199,6 +205,9 @@ class BufferedEvent(models.Model):
             models.Index(fields=["expires_at"], name="durable_buffered_event_expiry"),
         ]
 
+
+    def __str__(self) -> str:
+        return self.name
 
 class Schedule(models.Model):
     class Overlap(models.TextChoices):
@@ -258,3 +267,7 @@ class RunAttribute(models.Model):
             # attribute filters: numeric comparisons
             models.Index(fields=["key", "value_num"], name="durable_attribute_knum_idx"),
         ]
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}"
+

@@ -68,7 +68,7 @@ def apply_policy(policy: dict, *, max_chunks: int = 20) -> int:
         queries = []
         if age is not None:
             queries.append((f"SELECT id FROM {engine.RUN_TABLE} WHERE {where} "
-                            "AND ended_at < now() - make_interval(days => %s) ORDER BY ended_at LIMIT %s",
+                            "AND ended_at < statement_timestamp() - make_interval(days => %s) ORDER BY ended_at LIMIT %s",
                             [*params, int(age), CHUNK]))
         if count is not None:
             queries.append((f"SELECT id FROM {engine.RUN_TABLE} WHERE {where} "
@@ -89,7 +89,7 @@ def prune_buffered_events(*, batch: int = 5000) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             f"DELETE FROM {engine.EVENT_TABLE} WHERE id IN (SELECT id FROM {engine.EVENT_TABLE} "
-            "WHERE expires_at < now() ORDER BY expires_at LIMIT %s)", [batch],
+            "WHERE expires_at < statement_timestamp() ORDER BY expires_at LIMIT %s)", [batch],
         )
         return cursor.rowcount
 

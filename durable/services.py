@@ -64,7 +64,7 @@ def signal_send(*, run_id: str, name: str, payload=None) -> str:
             waiter = cursor.fetchone()
             if waiter is not None:
                 cursor.execute(
-                    f"UPDATE {engine.CP_TABLE} SET status = 'completed', output = %s, completed_at = now(), "
+                    f"UPDATE {engine.CP_TABLE} SET status = 'completed', output = %s, completed_at = statement_timestamp(), "
                     "wake_at = NULL WHERE run_id = %s AND seq = %s AND status = 'pending'",
                     [encode({"payload": payload}), run_id, waiter[0]],
                 )
@@ -76,7 +76,7 @@ def signal_send(*, run_id: str, name: str, payload=None) -> str:
                     return "delivered"
             cursor.execute(
                 f"INSERT INTO {engine.SIGNAL_TABLE} (run_id, name, payload, created_at) "
-                "VALUES (%s, %s, %s, now())", [run_id, name, encode(payload)],
+                "VALUES (%s, %s, %s, statement_timestamp())", [run_id, name, encode(payload)],
             )
     return "buffered"
 
@@ -97,7 +97,7 @@ def event_publish(*, name: str, payload: dict | None = None) -> int:
             reached = 0
             for run_id, seq in waiters:
                 cursor.execute(
-                    f"UPDATE {engine.CP_TABLE} SET status = 'completed', output = %s, completed_at = now(), "
+                    f"UPDATE {engine.CP_TABLE} SET status = 'completed', output = %s, completed_at = statement_timestamp(), "
                     "wake_at = NULL WHERE run_id = %s AND seq = %s AND status = 'pending'",
                     [encode({"payload": payload}), run_id, seq],
                 )
@@ -132,8 +132,8 @@ def run_cancel(*, run_id: str, reason: str = "cancelled by an operator", compens
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(
-                f"UPDATE {engine.RUN_TABLE} SET status = 'cancelled', error = %s, ended_at = now(), "
-                "locked_by = '', locked_until = NULL, wake_at = NULL, wake_pending = false, updated_at = now() "
+                f"UPDATE {engine.RUN_TABLE} SET status = 'cancelled', error = %s, ended_at = statement_timestamp(), "
+                "locked_by = '', locked_until = NULL, wake_at = NULL, wake_pending = false, updated_at = statement_timestamp() "
                 "WHERE id = %s AND status IN ('pending', 'running', 'suspended') "
                 "RETURNING parent_id, parent_seq, workflow, input",
                 [encode({"type": "Cancelled", "message": reason}), run_id],
@@ -144,8 +144,8 @@ def run_cancel(*, run_id: str, reason: str = "cancelled by an operator", compens
             descendants = _descendants([run_id])
             if descendants:
                 cursor.execute(
-                    f"UPDATE {engine.RUN_TABLE} SET status = 'cancelled', error = %s, ended_at = now(), "
-                    "locked_by = '', locked_until = NULL, wake_at = NULL, wake_pending = false, updated_at = now() "
+                    f"UPDATE {engine.RUN_TABLE} SET status = 'cancelled', error = %s, ended_at = statement_timestamp(), "
+                    "locked_by = '', locked_until = NULL, wake_at = NULL, wake_pending = false, updated_at = statement_timestamp() "
                     "WHERE id = ANY(%s) AND status IN ('pending', 'running', 'suspended')",
                     [encode({"type": "Cancelled", "message": f"parent {run_id} was cancelled"}), descendants],
                 )
@@ -175,8 +175,8 @@ def run_retry(*, run_id: str, input=None, new_input: bool = False) -> bool:
     not in a retryable status."""
     with transaction.atomic():
         fields = ["status = 'pending'", "output = ''", "error = ''", "ended_at = NULL", "recovery_attempts = 0",
-                  "wake_pending = true", "dispatched_at = now()", "wake_at = NULL", "locked_by = ''",
-                  "locked_until = NULL", "updated_at = now()"]
+                  "wake_pending = true", "dispatched_at = statement_timestamp()", "wake_at = NULL", "locked_by = ''",
+                  "locked_until = NULL", "updated_at = statement_timestamp()"]
         params: list = []
         if new_input:
             fields.append("input = %s")

@@ -28,7 +28,7 @@ def _step_work(run_ids: list[str]) -> dict[str, list[int]]:
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT run_id, seq FROM {engine.CP_TABLE} WHERE run_id = ANY(%s) AND status = 'pending' "
-            "AND queue <> '' AND (attempt = 0 OR wake_at IS NULL OR wake_at <= now()) ORDER BY run_id, seq",
+            "AND queue <> '' AND (attempt = 0 OR wake_at IS NULL OR wake_at <= statement_timestamp()) ORDER BY run_id, seq",
             [run_ids],
         )
         work: dict[str, list[int]] = {}

@@ -38,9 +38,9 @@ def recover_expired_leases() -> int:
             f"""UPDATE {RUN} SET recovery_attempts = recovery_attempts + 1, locked_by = '', locked_until = NULL,
                     status = CASE WHEN recovery_attempts + 1 > %s THEN 'dead' ELSE 'suspended' END,
                     error = CASE WHEN recovery_attempts + 1 > %s THEN %s ELSE error END,
-                    ended_at = CASE WHEN recovery_attempts + 1 > %s THEN now() ELSE ended_at END,
-                    wake_pending = (recovery_attempts + 1 <= %s), dispatched_at = now(), updated_at = now()
-                WHERE id IN (SELECT id FROM {RUN} WHERE status = 'running' AND locked_until < now()
+                    ended_at = CASE WHEN recovery_attempts + 1 > %s THEN statement_timestamp() ELSE ended_at END,
+                    wake_pending = (recovery_attempts + 1 <= %s), dispatched_at = statement_timestamp(), updated_at = statement_timestamp()
+                WHERE id IN (SELECT id FROM {RUN} WHERE status = 'running' AND locked_until < statement_timestamp()
                              ORDER BY locked_until LIMIT %s FOR UPDATE SKIP LOCKED)
                 RETURNING id, status, priority, parent_id, parent_seq""",
             [settings.max_recovery_attempts] * 2 + [dead_error] + [settings.max_recovery_attempts] * 2
@@ -66,8 +66,8 @@ def resume_due_timers() -> int:
     for _ in range(MAX_BATCHES_PER_TICK):
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                f"""UPDATE {RUN} SET wake_pending = true, wake_at = NULL, dispatched_at = now(), updated_at = now()
-                    WHERE id IN (SELECT id FROM {RUN} WHERE status = 'suspended' AND wake_at <= now()
+                f"""UPDATE {RUN} SET wake_pending = true, wake_at = NULL, dispatched_at = statement_timestamp(), updated_at = statement_timestamp()
+                    WHERE id IN (SELECT id FROM {RUN} WHERE status = 'suspended' AND wake_at <= statement_timestamp()
                                  ORDER BY wake_at LIMIT %s FOR UPDATE SKIP LOCKED)
                     RETURNING id, priority""",
                 [batch],
@@ -86,8 +86,8 @@ def dispatch_due_steps() -> int:
     settings = durable_settings()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"""UPDATE {CP} SET wake_at = now() + make_interval(secs => %s)
-                WHERE id IN (SELECT id FROM {CP} WHERE status = 'pending' AND queue <> '' AND wake_at <= now()
+            f"""UPDATE {CP} SET wake_at = statement_timestamp() + make_interval(secs => %s)
+                WHERE id IN (SELECT id FROM {CP} WHERE status = 'pending' AND queue <> '' AND wake_at <= statement_timestamp()
                              ORDER BY wake_at LIMIT %s FOR UPDATE SKIP LOCKED)
                 RETURNING run_id, seq, queue""",
             [settings.redispatch_after_seconds, settings.timer_batch],
@@ -108,14 +108,14 @@ def time_out_silent_steps() -> int:
     timed_out = encode({"type": "StepTimeout", "message": "no heartbeat within the step's timeout"})
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"""UPDATE {CP} SET
-                    status = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN 'failed' ELSE 'pending' END,
-                    completed_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN now() END,
-                    wake_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN NULL ELSE now() END,
+            f"""UPDATE {CP} SET status = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN 'failed'
+                                  ELSE 'pending' END,
+                    completed_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN statement_timestamp() END,
+                    wake_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN NULL ELSE statement_timestamp() END,
                     options = jsonb_set(options, '{{timeouts}}',
                                         to_jsonb(COALESCE((options->>'timeouts')::int, 0) + 1)),
                     timeout_at = NULL, error = %s
-                WHERE id IN (SELECT id FROM {CP} WHERE status = 'running' AND timeout_at < now()
+                WHERE id IN (SELECT id FROM {CP} WHERE status = 'running' AND timeout_at < statement_timestamp()
                              ORDER BY timeout_at LIMIT %s FOR UPDATE SKIP LOCKED)
                 RETURNING run_id, seq, status, queue, parallel_group""",
             [settings.max_recovery_attempts] * 3 + [timed_out, settings.timer_batch],
@@ -135,8 +135,9 @@ def redispatch_lost_wakes() -> int:
     settings = durable_settings()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"""UPDATE {RUN} SET dispatched_at = now()
-                WHERE id IN (SELECT id FROM {RUN} WHERE wake_pending AND dispatched_at < now() - make_interval(secs => %s)
+            f"""UPDATE {RUN} SET dispatched_at = statement_timestamp()
+                WHERE id IN (SELECT id FROM {RUN} WHERE wake_pending
+                               AND dispatched_at < statement_timestamp() - make_interval(secs => %s)
                                AND status IN ('pending', 'suspended')
                              ORDER BY dispatched_at LIMIT %s FOR UPDATE SKIP LOCKED)
                 RETURNING id, priority""",
@@ -172,7 +173,8 @@ def fire_due_schedules(*, now=None) -> int:
                 schedule.last_run_id = run_id
             if windows:
                 schedule.last_fired_at = windows[-1]
-            upcoming = next_window(schedule, after=schedule.last_fired_at or (schedule.created_at - timedelta(seconds=1)))
+            start = schedule.last_fired_at or (schedule.created_at - timedelta(seconds=1))
+            upcoming = next_window(schedule, after=start)
             schedule.next_fire_at = upcoming + jitter_for(schedule, upcoming)
             schedule.save(update_fields=["last_fired_at", "last_run_id", "next_fire_at", "updated_at"])
     return started

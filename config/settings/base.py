@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "config.apps.ConfigAppConfig",
     "workspaces",
     "durable",
+    "knowledge",
 ]
 
 MIDDLEWARE = [

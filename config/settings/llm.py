@@ -4,7 +4,7 @@ import json
 
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_int, env_str, env_url
+from config.env import env_int, env_list, env_str, env_url
 
 OPENAI_API_KEY = env_str("OPENAI_API_KEY", "")
 OPENAI_BASE_URL = env_url("OPENAI_BASE_URL", None, schemes=("http", "https"))
@@ -27,3 +27,17 @@ try:
         raise ValueError("expected a JSON object")
 except ValueError as exc:
     raise ImproperlyConfigured(f"LLM_PRICES is not a valid JSON object ({exc}).") from None
+
+# ---- knowledge base (knowledge/conf.py documents each) ----
+KNOWLEDGE_CHUNK_SIZE = env_int("KNOWLEDGE_CHUNK_SIZE", 1400, minimum=200, maximum=20_000)
+KNOWLEDGE_CHUNK_OVERLAP = env_int("KNOWLEDGE_CHUNK_OVERLAP", 200, minimum=0, maximum=5_000)
+KNOWLEDGE_MAX_CHUNKS_PER_SOURCE = env_int("KNOWLEDGE_MAX_CHUNKS_PER_SOURCE", 20_000, minimum=1)
+KNOWLEDGE_UPLOAD_MAX_BYTES = env_int("KNOWLEDGE_UPLOAD_MAX_BYTES", 20 * 1024 * 1024, minimum=1024)
+KNOWLEDGE_URL_TIMEOUT_SECONDS = env_int("KNOWLEDGE_URL_TIMEOUT_SECONDS", 15, minimum=1)
+KNOWLEDGE_URL_MAX_BYTES = env_int("KNOWLEDGE_URL_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
+# private networks a URL source may still reach (an intranet wiki), e.g. "10.20.0.0/16"; empty: public only
+KNOWLEDGE_URL_ALLOWED_NETWORKS = env_list("KNOWLEDGE_URL_ALLOWED_NETWORKS", [])
+KNOWLEDGE_EXACT_SCAN_MAX_ROWS = env_int("KNOWLEDGE_EXACT_SCAN_MAX_ROWS", 5_000, minimum=0)
+KNOWLEDGE_HNSW_EF_SEARCH = env_int("KNOWLEDGE_HNSW_EF_SEARCH", 160, minimum=10, maximum=1000)
+KNOWLEDGE_INGEST_BATCH_CHUNKS = env_int("KNOWLEDGE_INGEST_BATCH_CHUNKS", 256, minimum=1, maximum=10_000)
+KNOWLEDGE_INGEST_QUEUE = env_str("KNOWLEDGE_INGEST_QUEUE", "ingest")

@@ -147,3 +147,8 @@ def nondeterministic(ctx, input):
 @workflow("tests.heartbeat")
 def heartbeat_wf(ctx, input):
     return ctx.step("beat", beating, input["seconds"], queue="steps", timeout=input["timeout"])
+
+
+@workflow("tests.queued_slow")
+def queued_slow(ctx, input):
+    return ctx.step("slow", slow_record, input["path"], "x", 1.5, queue="steps")

@@ -1,0 +1,228 @@
+import threading
+from datetime import timedelta
+
+import pytest
+from cryptography.fernet import Fernet
+from django.db import connection, connections
+from django.utils import timezone
+
+from durable import codec, engine, retention, tick
+from durable.codec import decode
+from durable.models import DurableRun, Schedule, StepCheckpoint
+from durable.services import run_cancel, run_retry, run_start, schedule_save
+from durable.testing import run_until_settled
+
+pytestmark = pytest.mark.django_db
+
+
+def test_cancel_is_final_even_for_a_turn_in_flight():
+    run = run_start(workflow="tests.signal", input={})
+    cursor = engine.raw_cursor()
+    cursor.execute(engine.CLAIM_SQL, ("late-worker", 30.0, run.id))
+    assert cursor.fetchone() is not None
+    assert run_cancel(run_id=run.id) is True
+    # the late turn finishes: its compare-and-set finds the run cancelled and changes nothing
+    assert engine._finish(run.id, "late-worker", "completed", output=1, encoded_output="1").outcome == "lease_lost"
+    assert engine._release(run.id, "late-worker", None, 0).outcome == "lease_lost"
+    assert DurableRun.objects.get(pk=run.id).status == "cancelled"
+    assert run_cancel(run_id=run.id) is False
+
+
+def test_cancel_cascades_to_children():
+    run = run_start(workflow="tests.parent", input={})
+    engine.execute_turn(run.id)  # starts the first child and suspends
+    child = DurableRun.objects.get(parent=run)
+    assert child.status == "pending"
+    run_cancel(run_id=run.id)
+    assert DurableRun.objects.get(pk=child.pk).status == "cancelled"
+
+
+def test_retry_resumes_after_the_last_completed_step(tmp_path):
+    counter = tmp_path / "count"
+    run = run_until_settled(run_start(workflow="tests.retrying", input={
+        "counter": str(counter), "failures": 1, "retries": 0}).id)
+    assert run.status == "failed"
+    assert run_retry(run_id=run.id) is True
+    run = run_until_settled(run.id)
+    assert run.status == "completed"
+    assert decode(run.output) == 2
+    assert run_retry(run_id=run.id) is False  # completed runs are not retryable
+
+
+def test_retry_with_new_input_starts_over():
+    run = run_until_settled(run_start(workflow="tests.sequence", input={"steps": 2}).id)
+    DurableRun.objects.filter(pk=run.id).update(status="failed")
+    assert run_retry(run_id=run.id, input={"steps": 4}, new_input=True)
+    run = run_until_settled(run.id)
+    assert decode(run.output) == {"total": 6}
+    assert StepCheckpoint.objects.filter(run=run).count() == 4
+
+
+def test_expired_leases_are_recovered_then_declared_dead(settings):
+    settings.DURABLE_MAX_RECOVERY_ATTEMPTS = 1
+    run = run_start(workflow="tests.signal", input={})
+    for expected in ("suspended", "dead"):
+        cursor = engine.raw_cursor()
+        cursor.execute(engine.CLAIM_SQL, ("crashed-worker", 30.0, run.id))
+        DurableRun.objects.filter(pk=run.id).update(locked_until=timezone.now() - timedelta(seconds=1))
+        assert tick.recover_expired_leases() == 1
+        run = DurableRun.objects.get(pk=run.id)
+        assert run.status == expected
+    assert run.recovery_attempts == 2
+    assert decode(run.error)["type"] == "RecoveryExhausted"
+
+
+def test_silent_step_times_out_and_goes_back_to_pending():
+    run = run_start(workflow="tests.heartbeat", input={"seconds": 0.1, "timeout": 5})
+    engine.execute_turn(run.id)
+    with connection.cursor() as cursor:  # a worker claimed the step, then went silent
+        cursor.execute(engine.CLAIM_STEPS_SQL, [5.0, run.id, [0]])
+    StepCheckpoint.objects.filter(run=run, seq=0).update(timeout_at=timezone.now() - timedelta(seconds=1))
+    assert tick.time_out_silent_steps() == 1
+    step = StepCheckpoint.objects.get(run=run, seq=0)
+    assert step.status == "pending" and step.options["timeouts"] == 1
+    assert run_until_settled(run.id).status == "completed"
+
+
+def test_heartbeats_are_persisted_with_progress():
+    run = run_until_settled(run_start(workflow="tests.heartbeat", input={"seconds": 0.5, "timeout": 0.6}).id)
+    assert run.status == "completed"
+    step = StepCheckpoint.objects.get(run=run, seq=0)
+    assert step.last_heartbeat_at is not None and decode(step.heartbeat_progress)["left"] >= 0
+
+
+def test_schedule_fires_each_window_once():
+    schedule = schedule_save(key="nightly", workflow="tests.sequence", input={"steps": 1}, every_seconds=60,
+                             catchup_limit=3)
+    Schedule.objects.filter(pk=schedule.pk).update(created_at=timezone.now() - timedelta(minutes=10),
+                                                   next_fire_at=timezone.now() - timedelta(minutes=9))
+    assert tick.fire_due_schedules() == 3  # bounded catch-up: the 3 newest missed windows
+    assert tick.fire_due_schedules() == 0
+    ids = sorted(DurableRun.objects.filter(workflow="tests.sequence").values_list("id", flat=True))
+    assert len(ids) == 3 and all(run_id.startswith("sched:nightly:") for run_id in ids)
+    schedule.refresh_from_db()
+    assert schedule.next_fire_at > timezone.now()
+
+
+def test_paused_schedule_and_overlap_skip():
+    schedule = schedule_save(key="hourly", workflow="tests.signal", every_seconds=3600, overlap="skip")
+    Schedule.objects.filter(pk=schedule.pk).update(created_at=timezone.now() - timedelta(hours=3),
+                                                   next_fire_at=timezone.now() - timedelta(hours=2), paused=True)
+    assert tick.fire_due_schedules() == 0
+    Schedule.objects.filter(pk=schedule.pk).update(paused=False, catchup_limit=2)
+    # the first window's run is still waiting for its signal: the second window is skipped
+    assert tick.fire_due_schedules() == 1
+
+
+def test_cron_schedule_in_a_time_zone():
+    from durable.schedules import next_window
+
+    schedule = schedule_save(key="morning", workflow="tests.sequence", cron="0 8 * * *", timezone_name="Europe/Paris")
+    window = next_window(schedule, after=timezone.now())
+    assert window.astimezone(__import__("zoneinfo").ZoneInfo("Europe/Paris")).hour == 8
+
+
+def test_schedule_validation_names_the_field():
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError) as error:
+        schedule_save(key="bad", workflow="tests.sequence", cron="every day")
+    assert "cron" in error.value.message_dict
+
+
+def test_retention_deletes_old_terminal_runs_and_never_active_ones(settings):
+    old = timezone.now() - timedelta(days=40)
+    done = run_until_settled(run_start(workflow="tests.sequence", input={"steps": 2}).id)
+    waiting = run_until_settled(run_start(workflow="tests.signal", input={}).id)
+    DurableRun.objects.filter(pk__in=[done.pk, waiting.pk]).update(ended_at=old, created_at=old)
+    deleted = retention.apply_policy({"statuses": ["completed"], "max_age_days": 30})
+    assert deleted == 1
+    assert not DurableRun.objects.filter(pk=done.pk).exists()
+    assert not StepCheckpoint.objects.filter(run_id=done.pk).exists()
+    assert DurableRun.objects.get(pk=waiting.pk).status == "suspended"
+    assert retention.delete_runs([waiting.pk]) == 0
+
+
+def test_retention_max_count_keeps_the_newest():
+    ids = [run_until_settled(run_start(workflow="tests.sequence", input={"steps": 1}).id).pk for _ in range(4)]
+    assert retention.apply_policy({"statuses": ["completed"], "max_count": 2}) == 2
+    assert set(DurableRun.objects.values_list("id", flat=True)) == set(ids[2:])
+
+
+def test_payloads_encrypted_at_rest(settings):
+    settings.DURABLE_PAYLOAD_KEYS = [Fernet.generate_key().decode()]
+    run = run_until_settled(run_start(workflow="tests.sequence", input={"steps": 2, "secret": "s3cr3t"}).id)
+    stored = DurableRun.objects.get(pk=run.id)
+    assert stored.input.startswith("enc1:") and "s3cr3t" not in stored.input
+    assert decode(stored.output) == {"total": 1}
+    assert all(cp.output.startswith("enc1:") for cp in StepCheckpoint.objects.filter(run=run))
+
+
+def test_undecodable_payload_reads_as_missing_and_is_reported_once():
+    reports = []
+    previous = codec.on_corrupt_payload(reports.append)
+    try:
+        assert decode("{not json", column="run.output", row="r1") is None
+        assert decode("{not json", column="run.output", row="r1") is None
+        assert decode("enc1:garbage", column="run.input", row="r2") is None
+    finally:
+        codec.on_corrupt_payload(previous)
+    assert [(r.column, r.row) for r in reports] == [("run.output", "r1"), ("run.input", "r2")]
+
+
+def test_a_corrupt_checkpoint_does_not_break_other_runs():
+    broken = run_until_settled(run_start(workflow="tests.sequence", input={"steps": 2}).id)
+    StepCheckpoint.objects.filter(run=broken, seq=0).update(output="{corrupt")
+    healthy = run_until_settled(run_start(workflow="tests.sequence", input={"steps": 2}).id)
+    assert healthy.status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_racing_never_double_settle():
+    run = run_start(workflow="tests.fan", input={"n": 60})
+    engine.execute_turn(run.id)
+    seqs = list(range(60))
+    results = []
+
+    def worker():
+        try:
+            results.append(engine.execute_steps(run.id, seqs))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(result["claimed"] for result in results) == 60
+    assert sum(result["settled"] for result in results) == 60
+    assert StepCheckpoint.objects.filter(run=run, status="completed").count() == 60
+    assert run_until_settled(run.id).status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_ticks_start_each_schedule_window_once():
+    schedule = schedule_save(key="race", workflow="tests.sequence", input={"steps": 1}, every_seconds=30,
+                             catchup_limit=5)
+    Schedule.objects.filter(pk=schedule.pk).update(created_at=timezone.now() - timedelta(minutes=2),
+                                                   next_fire_at=timezone.now() - timedelta(minutes=2))
+    from durable.schedules import due_windows
+
+    expected = len(due_windows(Schedule.objects.get(pk=schedule.pk), now=timezone.now()))
+    barrier = threading.Barrier(4)
+
+    def racing_tick():
+        try:
+            barrier.wait()
+            tick.fire_due_schedules()
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=racing_tick) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ids = list(DurableRun.objects.filter(id__startswith="sched:race:").values_list("id", flat=True))
+    assert len(ids) == len(set(ids)) == expected >= 4

@@ -1,0 +1,137 @@
+import pytest
+from django.db import connection
+
+from durable import engine
+from durable.codec import decode
+from durable.models import DurableRun, StepCheckpoint
+from durable.services import run_start
+from durable.testing import run_until_settled
+
+pytestmark = pytest.mark.django_db
+
+
+def _checkpoints(run):
+    return list(StepCheckpoint.objects.filter(run=run).order_by("seq").values_list("name", "status", "attempt"))
+
+
+def test_replay_answers_completed_steps_from_checkpoints():
+    from tests.durable import workflows
+
+    workflows.CALLS.clear()
+    run = run_start(workflow="tests.queued")
+    run = run_until_settled(run.id)
+    assert run.status == "completed"
+    # each queued step ran once although the workflow was replayed three times
+    assert workflows.CALLS == [("add", 1, 2), ("add", 3, 10)]
+
+
+def test_inline_retry_with_backoff_then_success(tmp_path):
+    counter = tmp_path / "count"
+    run = run_until_settled(run_start(workflow="tests.retrying",
+                                      input={"counter": str(counter), "failures": 2}).id)
+    assert run.status == "completed", run.error
+    assert decode(run.output) == 3
+    assert _checkpoints(run) == [("flaky", "completed", 3)]
+
+
+def test_queued_retry_exhausted_fails_the_run_with_the_error(tmp_path):
+    counter = tmp_path / "count"
+    run = run_until_settled(run_start(workflow="tests.retrying", input={
+        "counter": str(counter), "failures": 5, "retries": 2, "queue": "steps"}).id)
+    assert run.status == "failed"
+    error = decode(run.error)
+    assert error["type"] == "StepFailed"
+    assert "flaky failure 3" in error["message"]
+    assert _checkpoints(run) == [("flaky", "failed", 3)]
+    assert counter.read_text() == "3"
+
+
+def test_fan_wait_all_returns_results_in_order():
+    run = run_until_settled(run_start(workflow="tests.fan", input={"n": 25}).id)
+    assert run.status == "completed", run.error
+    assert decode(run.output) == sum(i * i for i in range(25))
+    groups = set(StepCheckpoint.objects.filter(run=run).values_list("parallel_group", flat=True))
+    assert groups == {0}
+
+
+@pytest.mark.parametrize("mode", ["wait_all", "fail_fast"])
+def test_fan_failure_fails_the_run(mode):
+    run = run_until_settled(run_start(workflow="tests.fan_failing", input={"mode": mode}).id)
+    assert run.status == "failed"
+    assert "nope" in decode(run.error)["message"]
+
+
+def test_fan_return_exceptions_puts_failures_in_place():
+    run = run_until_settled(run_start(workflow="tests.fan_failing", input={"return_exceptions": True}).id)
+    # a StepFailed in the result list is not JSON: the run reports that clearly instead of crashing
+    assert run.status == "failed"
+    assert "not JSON-serialisable" in decode(run.error)["message"]
+
+
+def test_join_barrier_wakes_the_run_only_when_the_fan_settles():
+    run = run_start(workflow="tests.fan", input={"n": 4})
+    engine.execute_turn(run.id)
+    engine.execute_steps(run.id, [0, 1])
+    assert DurableRun.objects.get(pk=run.id).wake_pending is False
+    assert engine.fan_has_pending(run.id, 0) is True
+    engine.execute_steps(run.id, [2, 3])
+    assert engine.fan_has_pending(run.id, 0) is False
+    assert DurableRun.objects.get(pk=run.id).wake_pending is True
+
+
+def test_a_step_is_never_settled_twice():
+    run = run_start(workflow="tests.queued")
+    engine.execute_turn(run.id)
+    first = engine.execute_steps(run.id, [0])
+    second = engine.execute_steps(run.id, [0])  # a redelivered message
+    assert first == {"claimed": 1, "settled": 1}
+    assert second == {"claimed": 0, "settled": 0}
+    # a late settle from a worker whose attempt was superseded changes nothing
+    assert engine.settle_steps(run.id, [(0, "completed", '"late"', "", None, 99, None)]) == []
+    assert decode(StepCheckpoint.objects.get(run_id=run.id, seq=0).output) == 3
+
+
+def test_settle_does_not_rewrite_the_input():
+    run = run_start(workflow="tests.queued")
+    engine.execute_turn(run.id)
+    before = StepCheckpoint.objects.get(run_id=run.id, seq=0).input
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT xmin::text FROM durable_stepcheckpoint WHERE run_id = %s AND seq = 0", [run.id])
+    engine.execute_steps(run.id, [0])
+    assert StepCheckpoint.objects.get(run_id=run.id, seq=0).input == before
+
+
+def test_non_deterministic_replay_fails_naming_both_steps(tmp_path):
+    flag = tmp_path / "flag"
+    run = run_start(workflow="tests.nondeterministic", input={"flag": str(flag)})
+    assert engine.execute_turn(run.id).outcome == "suspended"  # wrote step "a", then slept
+    flag.write_text("changed")
+    run = run_until_settled(run.id)
+    assert run.status == "failed"
+    message = decode(run.error)["message"]
+    assert "'a'" in message and "'b'" in message and "seq 0" in message
+
+
+def test_recorded_values_and_attributes_replay_identically():
+    run = run_until_settled(run_start(workflow="tests.values", input={"customer": "acme", "amount": 42}).id)
+    assert run.status == "completed"
+    first = decode(run.output)
+    # replay the same run from its checkpoints: every recorded value comes back unchanged
+    DurableRun.objects.filter(pk=run.id).update(status="suspended", wake_pending=True, output="")
+    run = run_until_settled(run.id)
+    assert decode(run.output) == first
+    assert dict(run.attributes.values_list("key", "value_num")) == {"customer": None, "amount": 42.0}
+
+
+def test_unknown_workflow_is_refused_at_start():
+    from durable.registry import UnknownWorkflow
+
+    with pytest.raises(UnknownWorkflow):
+        run_start(workflow="nope.missing")
+
+
+def test_start_is_idempotent_on_the_run_id():
+    first = run_start(workflow="tests.sequence", input={"steps": 1}, run_id="order-1")
+    second = run_start(workflow="tests.sequence", input={"steps": 99}, run_id="order-1")
+    assert first.pk == second.pk == "order-1"
+    assert decode(DurableRun.objects.get(pk="order-1").input) == {"steps": 1}
