@@ -25,7 +25,7 @@ def durable_settings() -> DurableSettings:
         lease_seconds=getattr(settings, "DURABLE_LEASE_SECONDS", 30.0),
         timer_batch=getattr(settings, "DURABLE_TIMER_BATCH", 500),
         max_recovery_attempts=getattr(settings, "DURABLE_MAX_RECOVERY_ATTEMPTS", 5),
-        redispatch_after_seconds=getattr(settings, "DURABLE_REDISPATCH_AFTER_SECONDS", 30.0),
+        redispatch_after_seconds=float(getattr(settings, "DURABLE_REDISPATCH_AFTER_SECONDS", 30.0)),
         event_ttl_seconds=getattr(settings, "DURABLE_EVENT_TTL_SECONDS", 7 * 24 * 3600),
         fan_chunk=getattr(settings, "DURABLE_FAN_CHUNK", 100),
         heartbeat_persist_seconds=getattr(settings, "DURABLE_HEARTBEAT_PERSIST_SECONDS", 10.0),

@@ -226,3 +226,34 @@ def test_racing_ticks_start_each_schedule_window_once():
         thread.join()
     ids = list(DurableRun.objects.filter(id__startswith="sched:race:").values_list("id", flat=True))
     assert len(ids) == len(set(ids)) == expected >= 4
+
+
+def test_lost_turn_messages_are_sent_again(settings):
+    settings.DURABLE_REDISPATCH_AFTER_SECONDS = 0
+    run = run_start(workflow="tests.sequence", input={"steps": 1})  # its message went nowhere (dispatch is off)
+    DurableRun.objects.filter(pk=run.id).update(dispatched_at=timezone.now() - timedelta(seconds=5))
+    assert tick.redispatch_lost_wakes() == 1
+    assert DurableRun.objects.get(pk=run.id).wake_pending is True
+
+
+def test_due_step_retries_and_unclaimed_steps_are_dispatched_again():
+    run = run_start(workflow="tests.queued")
+    engine.execute_turn(run.id)
+    StepCheckpoint.objects.filter(run=run, seq=0).update(wake_at=timezone.now() - timedelta(seconds=1))
+    assert tick.dispatch_due_steps() == 1
+    step = StepCheckpoint.objects.get(run=run, seq=0)
+    assert step.status == "pending" and step.wake_at > timezone.now()  # re-armed for the next check
+
+
+def test_the_tick_runs_every_phase_and_reports_each():
+    report = tick.tick()
+    assert set(report) == {phase.__name__ for phase in tick.PHASES}
+    assert all(isinstance(value, int) for value in report.values()), report
+
+
+def test_demo_digest_workflow(settings):
+    run = run_start(workflow="durable.demo.digest", input={"texts": ["a b", "c"], "pause_seconds": 0.05})
+    run = run_until_settled(run.id)
+    assert run.status == "completed", run.error
+    output = decode(run.output)
+    assert output["words"] == 3 and len(output["checksums"]) == 2
