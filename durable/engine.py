@@ -314,7 +314,8 @@ FROM {CP_TABLE} WHERE run_id = %s ORDER BY seq
 INSERT_DONE_SQL = f"""
 INSERT INTO {CP_TABLE} (run_id, seq, name, kind, status, input, output, error, queue, options, attempt,
                         child_run_id, heartbeat_progress, created_at, started_at, completed_at)
-VALUES (%s, %s, %s, %s, 'completed', '', %s, '', '', '{{}}', %s, '', '', %s, %s, %s)
+VALUES (%s, %s, %s, %s, 'completed', '', %s, '', '', '{{}}', %s, '', '', statement_timestamp(), %s,
+        statement_timestamp())
 ON CONFLICT (run_id, seq) DO NOTHING
 """
 
@@ -381,9 +382,8 @@ class Context:
 
     def _record(self, seq: int, name: str, kind: str, value, *, started: datetime | None = None,
                 attempt: int = 1) -> None:
-        now = _now()
         self.cursor.execute(INSERT_DONE_SQL, (self.run_id, seq, name, kind, encode(value), attempt,
-                                              now, started or now, now), prepare=True)
+                                              started or _now()), prepare=True)
         if self.cursor.rowcount != 1:
             raise LeaseLost(f"checkpoint {self.run_id}#{seq} was written by another worker")
 
@@ -441,13 +441,10 @@ class Context:
     def _run_inline(self, seq, name, fn, args, options, *, previous_attempt: int | None):
         attempt = (previous_attempt or 0) + 1
         started = _now()
-        token = _current_step.set(_StepScope(self.run_id, seq, attempt, None, inline=True))
         try:
-            result = fn(*args)
+            result = fn(*args)  # inline: the turn's lease keeper vouches for liveness, heartbeats are no-ops
         except Exception as exc:
             return self._inline_failed(seq, name, exc, options, attempt, previous_attempt)
-        finally:
-            _current_step.reset(token)
         if previous_attempt is None:
             self._record(seq, name, "step", result, started=started, attempt=attempt)
         elif not self._settle_pending(seq, "completed", output=result, attempt=previous_attempt, set_attempt=attempt):
@@ -924,14 +921,23 @@ def _finish(run_id: str, token: str, status: str, *, output=None, encoded_output
                 return TurnResult(run_id, "lease_lost")
             cursor.execute(f"DELETE FROM {WAITER_TABLE} WHERE run_id = %s", [run_id])
         parent_id, parent_seq = row
+        fan_groups = []
         if parent_id:
-            notify_parent(parent_id, parent_seq, status, output=output, error=error, child_id=run_id)
+            fan_groups = notify_parent(parent_id, parent_seq, status, output=output, error=error, child_id=run_id,
+                                       check_fan=False)
+    # the parent's join check runs after the commit (see wake_when_fan_settled)
+    for group in fan_groups:
+        wake_when_fan_settled(parent_id, [group])
     return TurnResult(run_id, status, output=output, error=error)
 
 
 def notify_parent(parent_id: str, parent_seq: int, child_status: str, *, output=None, error=None,
-                  child_id: str = "") -> None:
-    """Settle the parent's child checkpoint and wake the parent when its join allows (inside a transaction)."""
+                  child_id: str = "", check_fan: bool = True) -> list[int]:
+    """Settle the parent's child checkpoint and wake the parent when its join allows.
+
+    A child in a fan wakes its parent only when the fan has settled. With `check_fan=False` that check
+    is left to the caller, to run after its transaction commits; the fan groups to check are returned.
+    Otherwise it runs when the surrounding transaction commits."""
     if child_status != "completed" and not error:
         error = {"type": "ChildFailed", "message": f"child run {child_id} ended {child_status}"}
     status = "completed" if child_status == "completed" else "failed"
@@ -944,10 +950,15 @@ def notify_parent(parent_id: str, parent_seq: int, child_status: str, *, output=
         )
         row = cursor.fetchone()
     if row is None:
-        return
+        return []
     group = row[0]
-    if group is None or status == "failed" or not fan_has_pending(parent_id, group):
+    if group is None or status == "failed":
         wake_run(parent_id)
+        return []
+    if check_fan:
+        transaction.on_commit(lambda: wake_when_fan_settled(parent_id, [group]))
+        return []
+    return [group]
 
 
 FAN_PENDING_SQL = f"""
@@ -961,6 +972,17 @@ def fan_has_pending(run_id: str, group: int) -> bool:
     cursor = raw_cursor()
     cursor.execute(FAN_PENDING_SQL, (run_id, group), prepare=True)
     return cursor.fetchone() is not None
+
+
+def wake_when_fan_settled(run_id: str, groups) -> None:
+    """Wake the run if one of its fans has nothing left pending. Call it after the settle committed.
+
+    Checked inside the settling transaction, two workers settling a fan's last chunks at once would
+    each still see the other's rows as running and neither would wake the run. After commit, the
+    last one to commit always sees every settle; a duplicate wake is harmless (turn claims are
+    compare-and-set)."""
+    if any(not fan_has_pending(run_id, group) for group in sorted(set(groups))):
+        wake_run(run_id)
 
 
 # -------------------------------------------------------------------------------------- queued steps
@@ -1058,13 +1080,12 @@ def settle_steps(run_id: str, settlements: list[tuple]) -> list[tuple]:
 
     Each settlement is (seq, status, output, error, retry_wake_at, attempt, group)."""
     settled: list[tuple] = []
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            for start in range(0, len(settlements), 200):
-                chunk = settlements[start:start + 200]
-                values = ", ".join(["(%s::int, %s, %s, %s, %s::timestamptz, %s::int)"] * len(chunk))
-                cursor.execute(
-                    f"""UPDATE {CP_TABLE} AS cp
+    with transaction.atomic(), connection.cursor() as cursor:
+        for start in range(0, len(settlements), 200):
+            chunk = settlements[start:start + 200]
+            values = ", ".join(["(%s::int, %s, %s, %s, %s::timestamptz, %s::int)"] * len(chunk))
+            cursor.execute(
+                f"""UPDATE {CP_TABLE} AS cp
                         SET status = v.status, output = v.output, error = v.error, wake_at = v.wake_at,
                             timeout_at = NULL,
                             completed_at = CASE WHEN v.status IN ('completed', 'failed') THEN statement_timestamp() END
@@ -1072,20 +1093,20 @@ def settle_steps(run_id: str, settlements: list[tuple]) -> list[tuple]:
                         WHERE cp.run_id = %s AND cp.seq = v.seq AND cp.status = 'running'
                           AND cp.attempt = v.attempt
                         RETURNING cp.seq, cp.status, cp.parallel_group""",
-                    [v for row in chunk for v in row[:6]] + [run_id],
-                )
-                settled.extend(cursor.fetchall())
-        should_wake = False
-        groups = set()
-        for _seq, status, group in settled:
-            if status == "pending":
-                continue  # a retry is scheduled; the tick dispatches it when due
-            if group is None or status == "failed":
-                should_wake = True
-            else:
-                groups.add(group)
-        if not should_wake:
-            should_wake = any(not fan_has_pending(run_id, group) for group in groups)
-        if should_wake:
-            wake_run(run_id)
+                [v for row in chunk for v in row[:6]] + [run_id],
+            )
+            settled.extend(cursor.fetchall())
+    should_wake = False
+    groups = set()
+    for _seq, status, group in settled:
+        if status == "pending":
+            continue  # a retry is scheduled; the tick dispatches it when due
+        if group is None or status == "failed":
+            should_wake = True
+        else:
+            groups.add(group)
+    if should_wake:
+        wake_run(run_id)
+    elif groups:
+        wake_when_fan_settled(run_id, groups)  # after the commit, so concurrent settles cannot both miss it
     return settled

@@ -33,7 +33,7 @@ class DurableRun(models.Model):
     tags = ArrayField(models.CharField(max_length=100), default=list, blank=True)
     priority = models.SmallIntegerField(default=0)
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="children",
-                               db_constraint=False)
+                               db_constraint=False, db_index=False)
     parent_seq = models.IntegerField(null=True, blank=True)
     # a turn is wanted: set by every wake (start, timer, signal, settled step), cleared when a turn claims the run
     wake_pending = models.BooleanField(default=True)
@@ -95,7 +95,9 @@ class StepCheckpoint(models.Model):
         COMPLETED = "completed", "Completed"
         FAILED = "failed", "Failed"
 
-    run = models.ForeignKey(DurableRun, on_delete=models.CASCADE, related_name="checkpoints", db_constraint=False)
+    # db_index=False: the unique (run, seq) index serves every lookup by run
+    run = models.ForeignKey(DurableRun, on_delete=models.CASCADE, related_name="checkpoints", db_constraint=False,
+                            db_index=False)
     seq = models.IntegerField()
     name = models.CharField(max_length=255)
     kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.STEP)
@@ -128,8 +130,12 @@ class StepCheckpoint(models.Model):
         indexes = [
             # targeted reads by name (latest checkpoint of a step, child lookups)
             models.Index(fields=["run", "name"], name="durable_checkpoint_name_idx"),
-            # per-fan reads and the join barrier "is any step of this fan still pending"
+            # per-fan reads (the run page's fan statistics and paging)
             models.Index(fields=["run", "parallel_group", "seq"], name="durable_checkpoint_group_idx"),
+            # the join barrier "is any step of this fan still pending": only unsettled rows are in it, so the
+            # answer is one index probe however large the fan, and completed inline steps never touch it
+            models.Index(fields=["run", "parallel_group", "seq"], name="durable_checkpoint_open_idx",
+                         condition=Q(status__in=["pending", "running"])),
             # the tick's due step retries
             models.Index(fields=["wake_at"], name="durable_checkpoint_retry_idx",
                          condition=Q(status="pending") & ~Q(queue="") & Q(wake_at__isnull=False)),
@@ -148,7 +154,8 @@ class SignalWaiter(models.Model):
         EVENT = "event", "Event"
         CHILD = "child", "Child"
 
-    run = models.ForeignKey(DurableRun, on_delete=models.CASCADE, related_name="waiters", db_constraint=False)
+    run = models.ForeignKey(DurableRun, on_delete=models.CASCADE, related_name="waiters", db_constraint=False,
+                            db_index=False)
     seq = models.IntegerField()
     kind = models.CharField(max_length=10, choices=Kind.choices)
     key = models.CharField(max_length=255)
@@ -174,7 +181,7 @@ class BufferedSignal(models.Model):
     """A signal sent before its waiter existed: consumed, oldest first, by the next matching wait."""
 
     run = models.ForeignKey(DurableRun, on_delete=models.CASCADE, related_name="buffered_signals",
-                            db_constraint=False)
+                            db_constraint=False, db_index=False)
     name = models.CharField(max_length=255)
     payload = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -252,7 +259,8 @@ class Schedule(models.Model):
 class RunAttribute(models.Model):
     """Search attributes: filterable key/value pairs a run sets with ctx.set_attributes."""
 
-    run = models.ForeignKey(DurableRun, on_delete=models.CASCADE, related_name="attributes", db_constraint=False)
+    run = models.ForeignKey(DurableRun, on_delete=models.CASCADE, related_name="attributes", db_constraint=False,
+                            db_index=False)
     key = models.CharField(max_length=100)
     value = models.TextField()
     value_num = models.FloatField(null=True, blank=True)
