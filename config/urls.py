@@ -7,6 +7,7 @@ from config.views import healthz
 api_patterns = [
     path("", include("workspaces.api.urls")),
     path("", include("durable.api.urls")),
+    path("", include("knowledge.api.urls")),
 ]
 
 urlpatterns = [

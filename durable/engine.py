@@ -776,11 +776,17 @@ def _lock_event(name: str) -> None:
 
 
 def upsert_attributes(run_id: str, attributes: dict) -> None:
+    # attributes exist to be searched, so they are stored as plain text/JSON, never through the payload codec
+    from django.core.serializers.json import DjangoJSONEncoder
+
     rows = []
     for key, value in attributes.items():
+        key = str(key)
+        if not key or len(key) > 100:
+            raise ValueError(f"attribute names are 1 to 100 characters, not {key[:120]!r}")
         number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-        text = value if isinstance(value, str) else encode(value)
-        rows.append((run_id, str(key)[:100], text, number))
+        text = value if isinstance(value, str) else json.dumps(value, cls=DjangoJSONEncoder)
+        rows.append((run_id, key, text, number))
     if not rows:
         return
     placeholders = ", ".join(["(%s, %s, %s, %s)"] * len(rows))

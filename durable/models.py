@@ -130,8 +130,10 @@ class StepCheckpoint(models.Model):
         indexes = [
             # targeted reads by name (latest checkpoint of a step, child lookups)
             models.Index(fields=["run", "name"], name="durable_checkpoint_name_idx"),
-            # per-fan reads (the run page's fan statistics and paging)
-            models.Index(fields=["run", "parallel_group", "seq"], name="durable_checkpoint_group_idx"),
+            # per-fan reads (the run page's fan statistics and paging); partial, so the hot path of
+            # sequential inline steps (no group) never pays for it
+            models.Index(fields=["run", "parallel_group", "seq"], name="durable_checkpoint_group_idx",
+                         condition=Q(parallel_group__isnull=False)),
             # the join barrier "is any step of this fan still pending": only unsettled rows are in it, so the
             # answer is one index probe however large the fan, and completed inline steps never touch it
             models.Index(fields=["run", "parallel_group", "seq"], name="durable_checkpoint_open_idx",

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 
+from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -29,6 +30,10 @@ class InvalidRunState(ValueError):
     pass
 
 
+class RunIdConflict(Exception):
+    """A run id is already taken by a run of another namespace."""
+
+
 def run_start(*, workflow: str, input=None, run_id: str | None = None, namespace: str = "default",
               tags: Sequence[str] = (), priority: int = 0) -> DurableRun:
     """Start a run of a registered workflow. Idempotent on `run_id`: starting an existing id
@@ -43,7 +48,10 @@ def run_start(*, workflow: str, input=None, run_id: str | None = None, namespace
     run_id = run_id or uuid.uuid4().hex
     engine.create_run(run_id=run_id, workflow=workflow, input=input, namespace=namespace, tags=list(tags),
                       priority=int(priority))
-    return DurableRun.objects.get(pk=run_id)
+    run = DurableRun.objects.get(pk=run_id)
+    if run.namespace != namespace:
+        raise RunIdConflict(f"run id {run_id!r} is taken by another namespace")
+    return run
 
 
 def signal_send(*, run_id: str, name: str, payload=None) -> str:
@@ -227,6 +235,9 @@ def schedule_save(*, key: str, workflow: str, namespace: str = "default", input=
 
     get_workflow(workflow)
     validate_schedule(every_seconds=every_seconds, cron=cron, timezone_name=timezone_name)
+    if Schedule.objects.filter(key=key).exclude(namespace=namespace).exists():
+        # keys name the runs (sched:<key>:<window>), so they are global: never take over another namespace's
+        raise ValidationError({"key": "A schedule with this key belongs to another namespace."})
     schedule, _ = Schedule.objects.update_or_create(
         key=key,
         defaults=dict(workflow=workflow, namespace=namespace, input=input if input is not None else {},

@@ -257,3 +257,21 @@ def test_demo_digest_workflow(settings):
     assert run.status == "completed", run.error
     output = decode(run.output)
     assert output["words"] == 3 and len(output["checksums"]) == 2
+
+
+def test_a_run_id_of_another_namespace_is_refused():
+    from durable.services import RunIdConflict
+
+    run_start(workflow="tests.sequence", input={"steps": 1}, run_id="shared-id", namespace="ws-1")
+    with pytest.raises(RunIdConflict):
+        run_start(workflow="tests.sequence", input={"steps": 1}, run_id="shared-id", namespace="ws-2")
+
+
+def test_a_schedule_key_of_another_namespace_is_refused():
+    from django.core.exceptions import ValidationError
+
+    schedule_save(key="nightly-a", workflow="tests.sequence", every_seconds=60, namespace="ws-1")
+    with pytest.raises(ValidationError) as error:
+        schedule_save(key="nightly-a", workflow="tests.sequence", every_seconds=60, namespace="ws-2")
+    assert "key" in error.value.message_dict
+    assert Schedule.objects.get(key="nightly-a").namespace == "ws-1"

@@ -152,3 +152,15 @@ def heartbeat_wf(ctx, input):
 @workflow("tests.queued_slow")
 def queued_slow(ctx, input):
     return ctx.step("slow", slow_record, input["path"], "x", 1.5, queue="steps")
+
+
+def checked(fail):
+    if fail:
+        raise ValueError("asked to fail")
+    return True
+
+
+@workflow("tests.maybe_fail")
+def maybe_fail(ctx, input):
+    """Fails while its input says so: retry with new input makes it pass (read-side and API tests)."""
+    return {"ok": ctx.step("check", checked, input.get("fail", False))}

@@ -1,0 +1,9 @@
+from rest_framework.routers import DefaultRouter
+
+from durable.api.views import RunViewSet, ScheduleViewSet
+
+router = DefaultRouter()
+router.register("durable/runs", RunViewSet, basename="durable-run")
+router.register("durable/schedules", ScheduleViewSet, basename="durable-schedule")
+
+urlpatterns = router.urls

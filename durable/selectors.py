@@ -1,0 +1,339 @@
+"""Reads on durable runs for the API, the admin and the CLI.
+
+Every selector takes an optional `namespaces` restriction (an iterable of names or a
+subquery of them); ``ScopedRunReader`` fixes it to one namespace, so a run of another
+namespace is simply not found. Lists defer the payload columns; payloads are decoded
+through ``durable.codec.decode`` (with column and row labels), so a damaged value reads
+as missing, is reported once and never breaks the read. No selector issues per-row queries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Sum
+
+from durable.codec import Undecodable, decode, decode_strict
+from durable.models import DurableRun, RunAttribute, StepCheckpoint
+from durable.services import RunNotFound
+
+PAYLOAD_COLUMNS = ("input", "output", "error")
+ATTRIBUTE_OPS = ("eq", "ne", "gt", "gte", "lt", "lte")
+NUMERIC_OPS = frozenset({"gt", "gte", "lt", "lte"})
+DEFAULT_ORDERING = ("-created_at", "-id")
+ORDERABLE = frozenset({"created_at", "started_at", "ended_at", "updated_at", "workflow", "status", "priority", "id"})
+
+
+class InvalidFilter(ValueError):
+    """A filter value the selectors cannot apply; `param` names the offending filter."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+        self.message = message
+
+
+@dataclass(frozen=True)
+class AttributeFilter:
+    key: str
+    op: str
+    value: str
+
+    @classmethod
+    def parse(cls, text: str) -> AttributeFilter:
+        """Parse ``key:op:value`` (the value may itself contain colons)."""
+        parts = text.split(":", 2)
+        if len(parts) != 3 or not parts[0]:
+            raise InvalidFilter("attr", f"{text!r} is not key:op:value (op one of {', '.join(ATTRIBUTE_OPS)}).")
+        return cls.of(*parts)
+
+    @classmethod
+    def of(cls, key: str, op: str, value) -> AttributeFilter:
+        if op not in ATTRIBUTE_OPS:
+            raise InvalidFilter("attr", f"Unknown comparison {op!r} for {key!r}: "
+                                        f"use one of {', '.join(ATTRIBUTE_OPS)}.")
+        if op in NUMERIC_OPS and _number(value) is None:
+            raise InvalidFilter("attr", f"{key}:{op} needs a number, not {value!r}.")
+        return cls(key=str(key), op=op, value=str(value))
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _attribute_condition(item: AttributeFilter) -> Q:
+    """One EXISTS over RunAttribute, served by its (key, value) or (key, value_num) index."""
+    number = _number(item.value)
+    rows = RunAttribute.objects.filter(run_id=OuterRef("pk"), key=item.key)
+    if item.op in NUMERIC_OPS:
+        rows = rows.filter(**{f"value_num__{item.op}": number})
+    else:
+        same = Q(value=item.value) | Q(value_num=number) if number is not None else Q(value=item.value)
+        # ne: the run has the attribute, with another value
+        rows = rows.filter(same) if item.op == "eq" else rows.exclude(same)
+    return Q(Exists(rows))
+
+
+def _as_list(value) -> list | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+def run_filter(queryset: QuerySet, *, namespaces=None, workflow: str | Sequence[str] | None = None,
+               statuses: Iterable[str] | None = None, tags: Iterable[str] | None = None,
+               attributes: Iterable[AttributeFilter | tuple] = (), parent: str | None = None,
+               created_after: datetime | None = None, created_before: datetime | None = None) -> QuerySet:
+    """Apply the list's predicates to a run queryset (shared by the list, facets and bulk actions).
+
+    Tags match runs carrying all of them; attribute comparisons are (key, op, value) with op in
+    eq/ne/gt/gte/lt/lte (gt..lte compare numerically; eq/ne match the text or the number)."""
+    if namespaces is not None:
+        queryset = queryset.filter(namespace__in=[namespaces] if isinstance(namespaces, str) else namespaces)
+    workflows = _as_list(workflow)
+    if workflows:
+        queryset = queryset.filter(workflow__in=workflows) if len(workflows) > 1 else queryset.filter(
+            workflow=workflows[0])
+    statuses = _as_list(statuses)
+    if statuses:
+        unknown = sorted(set(statuses) - set(DurableRun.Status.values))
+        if unknown:
+            raise InvalidFilter("status", f"Unknown status {', '.join(unknown)}.")
+        queryset = queryset.filter(status__in=statuses)
+    tags = _as_list(tags)
+    if tags:
+        queryset = queryset.filter(tags__contains=tags)
+    for item in attributes or ():
+        if not isinstance(item, AttributeFilter):
+            item = AttributeFilter.of(*item)
+        queryset = queryset.filter(_attribute_condition(item))
+    if parent:
+        queryset = queryset.filter(parent_id=parent)
+    if created_after is not None:
+        queryset = queryset.filter(created_at__gte=created_after)
+    if created_before is not None:
+        queryset = queryset.filter(created_at__lt=created_before)
+    return queryset
+
+
+def _ordering(ordering: Sequence[str] | None) -> list[str]:
+    fields = list(ordering or DEFAULT_ORDERING)
+    for name in fields:
+        if name.lstrip("-") not in ORDERABLE:
+            raise InvalidFilter("ordering", f"Cannot order by {name!r}: use {', '.join(sorted(ORDERABLE))}.")
+    if not any(name.lstrip("-") == "id" for name in fields):
+        fields.append("-id" if fields[0].startswith("-") else "id")  # a unique tie-breaker for stable pages
+    return fields
+
+
+def run_list(*, ordering: Sequence[str] | None = None, **filters) -> QuerySet:
+    """Runs matching the filters (see run_filter), newest first by default, without payload columns."""
+    queryset = DurableRun.objects.defer(*PAYLOAD_COLUMNS)
+    return run_filter(queryset, **filters).order_by(*_ordering(ordering))
+
+
+def facets_of(queryset: QuerySet) -> dict:
+    """Counts by status and by workflow of a (filtered) run queryset: one GROUP BY status, workflow."""
+    rows = queryset.order_by().values("status", "workflow").annotate(n=Count("*"))
+    by_status = {status: 0 for status in DurableRun.Status.values}
+    by_workflow: dict[str, int] = {}
+    total = 0
+    for row in rows:
+        by_status[row["status"]] += row["n"]
+        by_workflow[row["workflow"]] = by_workflow.get(row["workflow"], 0) + row["n"]
+        total += row["n"]
+    return {"total": total, "status": by_status, "workflow": dict(sorted(by_workflow.items()))}
+
+
+def run_facets(**filters) -> dict:
+    """{"total": n, "status": {status: n}, "workflow": {name: n}} over the list's predicates."""
+    return facets_of(run_filter(DurableRun.objects.all(), **filters))
+
+
+# ------------------------------------------------------------------------------------------- one run
+
+
+def _decode(text: str, *, column: str, row: str) -> tuple[object, bool]:
+    """(value, decodable). An undecodable payload is reported once (by codec.decode) and reads as None."""
+    try:
+        return decode_strict(text), True
+    except Undecodable:
+        decode(text, column=column, row=row)
+        return None, False
+
+
+def _run(run_id: str, namespaces, *, payloads: bool) -> DurableRun:
+    queryset = DurableRun.objects.all() if payloads else DurableRun.objects.defer(*PAYLOAD_COLUMNS)
+    queryset = run_filter(queryset, namespaces=namespaces)
+    run = queryset.filter(pk=run_id).first()
+    if run is None:
+        raise RunNotFound(run_id)
+    return run
+
+
+def _run_exists(run_id: str, namespaces) -> None:
+    if not run_filter(DurableRun.objects.filter(pk=run_id), namespaces=namespaces).exists():
+        raise RunNotFound(run_id)
+
+
+def attribute_value(value: str, value_num: float | None):
+    if value_num is None:
+        return value
+    return int(value_num) if value_num.is_integer() else value_num
+
+
+@dataclass
+class RunDetail:
+    run: DurableRun
+    input: object
+    output: object
+    error: object
+    undecodable: list[str]
+    children: list[str]
+    attributes: dict
+
+    @property
+    def id(self) -> str:
+        return self.run.id
+
+
+def run_detail(run_id: str, *, namespaces=None) -> RunDetail:
+    """A run with its input, output and error decoded (an undecodable one reads as None and is listed in
+    `undecodable`), its children's ids and its attributes. Raises RunNotFound."""
+    run = _run(run_id, namespaces, payloads=True)
+    decoded, undecodable = {}, []
+    for column in PAYLOAD_COLUMNS:
+        decoded[column], ok = _decode(getattr(run, column), column=f"run.{column}", row=run.id)
+        if not ok:
+            undecodable.append(column)
+    children = list(DurableRun.objects.filter(parent_id=run.id).order_by("created_at", "id")
+                    .values_list("id", flat=True))
+    attributes = {key: attribute_value(value, number) for key, value, number in
+                  RunAttribute.objects.filter(run_id=run.id).order_by("key").values_list("key", "value", "value_num")}
+    return RunDetail(run=run, undecodable=undecodable, children=children, attributes=attributes, **decoded)
+
+
+def run_children(run_id: str, *, namespaces=None) -> QuerySet:
+    """A run's direct children, oldest first, without payloads. Raises RunNotFound."""
+    _run_exists(run_id, namespaces)
+    return run_filter(DurableRun.objects.defer(*PAYLOAD_COLUMNS), namespaces=namespaces).filter(
+        parent_id=run_id).order_by("created_at", "id")
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return (end - start) / timedelta(seconds=1)
+
+
+@dataclass
+class TimelineEntry:
+    seq: int
+    name: str
+    kind: str
+    status: str
+    attempt: int
+    parallel_group: int | None
+    queue: str
+    child_run_id: str
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    queue_seconds: float | None  # started_at - created_at
+    run_seconds: float | None  # completed_at - started_at (a wait: completed_at - created_at)
+    payloads_included: bool = False
+    input: object = None
+    output: object = None
+    error: object = None
+    undecodable: list[str] = field(default_factory=list)
+
+
+TIMELINE_COLUMNS = ("seq", "name", "kind", "status", "attempt", "parallel_group", "queue", "child_run_id",
+                    "created_at", "started_at", "completed_at")
+
+
+def run_timeline(run_id: str, *, include_payloads: bool = False, after_seq: int | None = None,
+                 limit: int | None = None, namespaces=None) -> list[TimelineEntry]:
+    """A run's checkpoints in seq order with queue duration (started - created) and run duration
+    (completed - started) in seconds; waits (sleep, signal, event, child) have no start of their own, so
+    their run duration is completed - created. Payloads are read and decoded only when asked. Keyset pages with
+    `after_seq` / `limit` over the (run, seq) key. Raises RunNotFound."""
+    _run_exists(run_id, namespaces)
+    columns = TIMELINE_COLUMNS + (PAYLOAD_COLUMNS if include_payloads else ())
+    queryset = StepCheckpoint.objects.filter(run_id=run_id).order_by("seq")
+    if after_seq is not None:
+        queryset = queryset.filter(seq__gt=after_seq)
+    if limit is not None:
+        queryset = queryset[:limit]
+    entries = []
+    for row in queryset.values(*columns):
+        entry = TimelineEntry(**{name: row[name] for name in TIMELINE_COLUMNS},
+                              queue_seconds=_seconds(row["created_at"], row["started_at"]),
+                              run_seconds=_seconds(row["started_at"] or row["created_at"], row["completed_at"]))
+        if include_payloads:
+            entry.payloads_included = True
+            for column in PAYLOAD_COLUMNS:
+                value, ok = _decode(row[column], column=f"checkpoint.{column}", row=f"{run_id}#{row['seq']}")
+                setattr(entry, column, value)
+                if not ok:
+                    entry.undecodable.append(column)
+        entries.append(entry)
+    return entries
+
+
+def fan_stats(run_id: str, group: int | None = None, *, namespaces=None) -> list[dict]:
+    """Per-fan statistics: one GROUP BY parallel_group, status, kind over the run's checkpoints, each
+    bucket with its count, seq and timestamp bounds and attempt sum. Sequential checkpoints form the
+    bucket whose parallel_group is None. Raises RunNotFound."""
+    _run_exists(run_id, namespaces)
+    queryset = StepCheckpoint.objects.filter(run_id=run_id)
+    if group is not None:
+        queryset = queryset.filter(parallel_group=group)
+    return list(
+        queryset.order_by().values("parallel_group", "status", "kind").annotate(
+            count=Count("*"), min_seq=Min("seq"), max_seq=Max("seq"), first_created_at=Min("created_at"),
+            first_started_at=Min("started_at"), last_completed_at=Max("completed_at"), attempts=Sum("attempt"),
+        ).order_by("parallel_group", "status", "kind")
+    )
+
+
+class ScopedRunReader:
+    """The read side restricted to one namespace: a run of any other namespace is not found."""
+
+    def __init__(self, namespace: str):
+        self.namespace = namespace
+
+    def list(self, **filters) -> QuerySet:
+        filters.pop("namespaces", None)
+        return run_list(namespaces=[self.namespace], **filters)
+
+    def facets(self, **filters) -> dict:
+        filters.pop("namespaces", None)
+        return run_facets(namespaces=[self.namespace], **filters)
+
+    def detail(self, run_id: str) -> RunDetail:
+        return run_detail(run_id, namespaces=[self.namespace])
+
+    def timeline(self, run_id: str, **options) -> list[TimelineEntry]:
+        return run_timeline(run_id, namespaces=[self.namespace], **options)
+
+    def children(self, run_id: str) -> QuerySet:
+        return run_children(run_id, namespaces=[self.namespace])
+
+    def fan_stats(self, run_id: str, group: int | None = None) -> list[dict]:
+        return fan_stats(run_id, group, namespaces=[self.namespace])
+
+
+def scoped(namespace: str) -> ScopedRunReader:
+    return ScopedRunReader(namespace)

@@ -1,0 +1,53 @@
+"""Smoke tests of the benchmarks: each module imports and its core measurement works at a tiny size."""
+
+import pytest
+
+import bench.durable_workflows  # noqa: F401 - registers the benchmark workflows
+from bench import __main__ as bench_main
+from bench import common, durable_fan, durable_steps, durable_timers
+
+
+def test_the_benchmarks_are_listed():
+    names = bench_main.available()
+    assert {"durable_steps", "durable_fan", "durable_timers"} <= set(names)
+    assert "common" not in names and "durable_workflows" not in names
+
+
+def test_table_and_summary_helpers(capsys):
+    common.print_table("t", ["a", "b"], [["x", 1234.5], ["y", None]])
+    assert "1,234" in capsys.readouterr().out
+    assert common.summary_ms([0.001, 0.002, 0.003])["median_ms"] == 2.0
+
+
+@pytest.mark.django_db
+def test_ours_runs_sequential_steps(settings):
+    settings.DURABLE_DISPATCH_ENABLED = False
+    assert durable_steps.run_ours(2, 5) > 0
+
+
+@pytest.mark.django_db
+def test_fan_join_check_and_bytes(settings):
+    settings.DURABLE_DISPATCH_ENABLED = False
+    durable_fan.build_fan("smoke-fan", 200, 150)
+    join = durable_fan.time_join_check("smoke-fan", 0, reps=5, count_reps=2)
+    assert join["pending_counted"] == 50
+    assert "Index" in join["explain"]
+    written = durable_fan.settle_bytes(samples=2, checkpoint=False)
+    assert written["settle_steps_wal_bytes"]["median"] < written["full_row_rewrite_wal_bytes"]["median"]
+    read = durable_fan.replay_bytes(steps=3)
+    assert read["replay_sql_bytes"] * 100 < read["select_star_bytes"]
+
+
+@pytest.mark.django_db
+def test_timer_rows_load_and_the_due_query_answers():
+    from django.db import connection
+
+    blocks, counts = durable_timers.generate(1000, 10)
+    assert counts["due"] == 10 and sum(counts.values()) == 1000
+    connection.ensure_connection()
+    with connection.connection.cursor() as cursor:
+        with cursor.copy(f"COPY {durable_timers.RUN_TABLE} ({', '.join(durable_timers.COLUMNS)}) FROM STDIN") as copy:
+            for block in blocks:
+                copy.write(block)
+        cursor.execute(durable_timers.DUE_SQL)
+        assert len(cursor.fetchall()) == 10

@@ -1,0 +1,67 @@
+"""The runs admin in a real browser: Debian's Chromium driven by Playwright against live_server."""
+
+from pathlib import Path
+
+import pytest
+from django.contrib.admin.utils import quote
+from django.contrib.auth import get_user_model
+from django.urls import reverse
+
+from durable.services import run_start
+from durable.testing import run_until_settled
+
+CHROMIUM = "/usr/bin/chromium"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                       reason=f"Debian's chromium is not installed at {CHROMIUM} (apt-get install chromium)"),
+]
+
+
+@pytest.fixture
+def finished_run(transactional_db):
+    """Data is written before Playwright starts: its sync API switches greenlets, and ORM calls made
+    inside it open connections of their own that outlive the test."""
+    get_user_model().objects.create_superuser("operator", "operator@example.test", "s3cret-pass")
+    run = run_until_settled(run_start(workflow="tests.sequence", input={"steps": 3}).id)
+    assert run.status == "completed"
+    return run
+
+
+@pytest.fixture
+def page(finished_run, monkeypatch):
+    # Playwright's sync API runs an event loop in this thread: Django must allow its ORM here
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        try:
+            yield browser.new_page()
+        finally:
+            browser.close()
+
+
+def test_operator_sees_the_runs_and_a_run_timeline(live_server, finished_run, page):
+    run = finished_run
+
+    page.goto(live_server.url + reverse("admin:login"))
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "s3cret-pass")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#user-tools")
+
+    page.goto(live_server.url + reverse("admin:durable_durablerun_changelist"))
+    assert page.locator("#result_list").is_visible()
+    page.click(f"text={run.id}")
+
+    timeline = page.locator("#durable-timeline")
+    timeline.wait_for(state="visible")
+    assert timeline.locator("tbody tr").count() == 3
+    assert "add-2" in timeline.inner_text()
+    assert page.url.endswith(reverse("admin:durable_durablerun_change", args=[quote(run.id)]))
