@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import json
 import os
 import secrets
 import signal
@@ -216,6 +217,24 @@ class Supervisor:
         self._lock_file = None
         self._stopping = False
 
+    @property
+    def services_file(self) -> Path:
+        return self.data_dir / "services.json"
+
+    def running_services(self) -> dict[str, str] | None:
+        """The service URLs of the supervisor holding this data directory, or None when none holds it."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with (self.data_dir / "supervisor.lock").open("a+") as probe:
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    return json.loads(self.services_file.read_text())
+                except (OSError, ValueError):
+                    return {}
+            fcntl.flock(probe, fcntl.LOCK_UN)
+        return None
+
     def _lock(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         path = self.data_dir / "supervisor.lock"
@@ -254,9 +273,12 @@ class Supervisor:
             _say(f"Redis ready at {env['REDIS_URL']}")
         else:
             _say("Redis: using REDIS_URL from the environment")
+        # lets `exec` in a second terminal join these services instead of starting its own
+        self.services_file.write_text(json.dumps({key: env[key] for key in ("DATABASE_URL", "REDIS_URL")}))
         return env
 
     def stop_services(self) -> None:
+        self.services_file.unlink(missing_ok=True)
         self.redis.stop()
         self.postgres.stop()
 
@@ -372,6 +394,16 @@ def command_exec(args: argparse.Namespace) -> int:
         _say("error: nothing to run; usage: python -m config.services exec -- COMMAND...")
         return 2
     supervisor = Supervisor(Path(args.data).resolve(), fast=args.fast, persistent_redis=not args.fast)
+    shared = supervisor.running_services()
+    if shared == {}:
+        _say(f"error: {supervisor.data_dir} is held by a supervisor that published no service URLs; stop it first")
+        return 1
+    if shared:
+        # `make run` is up on this data directory: join its services, start and stop nothing
+        env = {**supervisor.environment(), **shared}
+        env.setdefault("SECRET_KEY", _secret_key(supervisor.data_dir))
+        env.setdefault("DEBUG", "true")
+        return subprocess.run(command, env=env, cwd=BASE_DIR).returncode
 
     def on_stop(signum):
         for _name, process in supervisor.children:
