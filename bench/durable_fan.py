@@ -24,7 +24,6 @@ import argparse
 import base64
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from bench import common
+from config.services import stop_process_groups
 
 NAME = "durable_fan"
 BENCH_DB = "bench_durable_fan"
@@ -94,21 +94,7 @@ class Workers:
         raise RuntimeError("the Celery workers were not ready within the timeout")
 
     def stop(self) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for process in self.processes:
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            # the prefork pool children share the group: none may outlive the benchmark
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
+        stop_process_groups(self.processes, timeout=20)
         self.processes.clear()
 
     def errors(self) -> list[str]:

@@ -290,23 +290,29 @@ class Supervisor:
         return process
 
     def stop_children(self, timeout: float = 15.0) -> None:
-        for _name, process in self.children:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for _name, process in self.children:
-            remaining = max(0.1, deadline - time.monotonic())
-            try:
-                process.wait(remaining)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            # a child's own children (celery pool processes) share its group: make sure none outlive it
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
+        stop_process_groups([process for _name, process in self.children], timeout=timeout)
         self.children.clear()
+
+
+def stop_process_groups(processes: list[subprocess.Popen], *, timeout: float = 15.0) -> None:
+    """SIGTERM each process group, wait up to `timeout` in all, then SIGKILL whatever is left.
+
+    Each process must lead its own group (start_new_session=True): a child's own children (Celery
+    pool processes) share that group, so none of them outlives it."""
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def _run_checked(command: list[str], env: dict[str, str]) -> None:

@@ -107,8 +107,21 @@ class SignalForm(forms.Form):
             raise ValidationError(f"Not valid JSON: {exc}") from None
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """History is never edited by hand: no add, change or delete."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(DurableRun)
-class DurableRunAdmin(admin.ModelAdmin):
+class DurableRunAdmin(ReadOnlyAdmin):
     list_display = ("id", "workflow", "namespace", "status", "created_at", "ended_at", "turns", "recovery_attempts")
     list_filter = ("status", WorkflowFilter, NamespaceFilter)
     search_fields = ("id",)
@@ -130,15 +143,6 @@ class DurableRunAdmin(admin.ModelAdmin):
     def get_object(self, request, object_id, from_field=None):
         # the change page shows the payloads: read them with the row, not one query each
         return DurableRun.objects.filter(pk=object_id).first()
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
@@ -322,17 +326,6 @@ def _schedule_save(schedule: Schedule) -> Schedule:
         paused=schedule.paused, overlap=schedule.overlap, jitter_seconds=schedule.jitter_seconds,
         catchup_limit=schedule.catchup_limit, tags=schedule.tags,
     )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(BufferedSignal)

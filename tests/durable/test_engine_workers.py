@@ -10,7 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from django.db import connection
 
-from config.services import BASE_DIR
+from config.services import BASE_DIR, stop_process_groups
 from durable import tick
 from durable.codec import decode
 from durable.models import DurableRun, StepCheckpoint
@@ -45,13 +45,7 @@ class Worker:
         self.process.wait(10)
 
     def stop(self):
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_process_groups([self.process], timeout=20)
 
 
 @pytest.fixture
