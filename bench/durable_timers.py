@@ -27,11 +27,12 @@ BENCH_DB = "bench_durable_timers"
 TARGET_MS = 5.0
 RUN_TABLE = "durable_durablerun"
 
-DUE_SQL = (f"SELECT id FROM {RUN_TABLE} WHERE status = 'suspended' AND wake_at <= now() "
+DUE_SQL = (f"SELECT id FROM {RUN_TABLE} WHERE status = 'suspended' AND wake_at <= statement_timestamp() "
            "ORDER BY wake_at LIMIT 500 FOR UPDATE SKIP LOCKED")
 # the whole statement resume_due_timers runs (informational)
-RESUME_SQL = f"""UPDATE {RUN_TABLE} SET wake_pending = true, wake_at = NULL, dispatched_at = now(), updated_at = now()
-WHERE id IN (SELECT id FROM {RUN_TABLE} WHERE status = 'suspended' AND wake_at <= now()
+RESUME_SQL = f"""UPDATE {RUN_TABLE} SET wake_pending = true, wake_at = NULL, dispatched_at = statement_timestamp(),
+    updated_at = statement_timestamp()
+WHERE id IN (SELECT id FROM {RUN_TABLE} WHERE status = 'suspended' AND wake_at <= statement_timestamp()
              ORDER BY wake_at LIMIT 500 FOR UPDATE SKIP LOCKED)
 RETURNING id, priority"""
 
