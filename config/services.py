@@ -360,8 +360,8 @@ def command_run(args: argparse.Namespace) -> int:
         env.setdefault("SECRET_KEY", _secret_key(supervisor.data_dir))
         _run_checked([python, "manage.py", "migrate", "--no-input", "-v", "0"], env)
         _say("Migrations applied")
-        _run_checked([python, "manage.py", "seed_demo"], env)
         _run_checked([python, "manage.py", "ensure_admin"], env)
+        _run_checked([python, "manage.py", "seed_demo"], env)
         host, port = args.host, args.port
         supervisor.spawn("web", [python, "manage.py", "runserver", f"{host}:{port}", "--noreload"], env)
         supervisor.spawn("worker", [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
@@ -372,6 +372,9 @@ def command_run(args: argparse.Namespace) -> int:
         time.sleep(1.0)
         _say(f"Admin:     http://{host}:{port}/admin/")
         _say(f"API docs:  http://{host}:{port}/api/docs/")
+        password_file = supervisor.data_dir / "admin-password"
+        if password_file.exists():
+            _say(f"Login:     admin / {password_file.read_text().strip()}")
         _say("Web, worker and beat are running. Press Ctrl-C to stop everything.")
         while True:
             for name, process in supervisor.children:

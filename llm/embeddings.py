@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-import re
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -75,11 +74,16 @@ class EmbeddingProvider(ABC):
 
 # ------------------------------------------------------------------------------------------- offline
 
-_WORD = re.compile(r"\w+")
+# words are split at whitespace and punctuation (a translate and a split: several times faster than a regex)
+_PUNCTUATION = str.maketrans({c: " " for c in "!\"#$%&'()*+,-./:;<=>?@[\\]^`{|}~\u2018\u2019\u201c\u201d\u2013\u2014"
+                                             "\u2026\u00ab\u00bb\u00a1\u00bf\u00b7\u2022"})
 # dropped before hashing so that shared function words do not make every pair of texts look alike
-STOP_WORDS = frozenset(
-    ["a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "from", "has", "have", "he", "her", "his", "i", "if", "in", "into", "is", "it", "its", "of", "on", "or", "our", "she", "so", "that", "the", "their", "them", "then", "there", "these", "they", "this", "to", "was", "we", "were", "what", "when", "which", "who", "will", "with", "you", "your"]
-)
+STOP_WORDS = frozenset((
+    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "from", "has", "have", "he", "her", "his", "i",
+    "if", "in", "into", "is", "it", "its", "of", "on", "or", "our", "she", "so", "that", "the", "their", "them",
+    "then", "there", "these", "they", "this", "to", "was", "we", "were", "what", "when", "which", "who", "will",
+    "with", "you", "your",
+))
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _BIGRAM_MULT = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -99,11 +103,11 @@ class OfflineEmbeddingProvider(EmbeddingProvider):
     """Deterministic feature hashing, for demos, tests and benchmarks; never a real model.
 
     Each text is lower-cased and split into words; common function words are dropped (unless
-    nothing else is left). Every word (weight 1) and every pair of adjacent words (weight 0.5)
-    is hashed with BLAKE2b into one of `dimensions` buckets with a hashed sign, the bucket counts
-    form the vector, and the vector is scaled to unit length. Texts sharing words therefore land
-    near each other, the same text always gives the same vector, in every process and on every
-    machine, and a whole batch is hashed with a few numpy operations.
+    nothing else is left). Every distinct word (weight 1) and pair of adjacent words (weight 0.5),
+    scaled by 1 + log of its count in the text, is hashed with BLAKE2b into one of `dimensions`
+    buckets with a hashed sign; the bucket sums form the vector, scaled to unit length. Texts
+    sharing words therefore land near each other, the same text always gives the same vector, in
+    every process and on every machine, and a whole batch is hashed with a few numpy operations.
     """
 
     name = "offline"
@@ -115,6 +119,7 @@ class OfflineEmbeddingProvider(EmbeddingProvider):
         self.model = model
         self._hashes: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._stop_hashes = frozenset(self._word_hash(word) for word in STOP_WORDS)
 
     def _word_hash(self, word: str) -> int:
         value = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little") or 1
@@ -125,37 +130,46 @@ class OfflineEmbeddingProvider(EmbeddingProvider):
         return value
 
     def _text_hashes(self, text: str) -> list[int]:
-        words = _WORD.findall(text.lower())
-        kept = [w for w in words if w not in STOP_WORDS] or words
-        if not kept:  # punctuation only: one bucket from the whole text, never a zero vector
-            return [self._word_hash("\x00" + text)]
+        words = text.lower().translate(_PUNCTUATION).split()
         get = self._hashes.get
-        return [get(w) or self._word_hash(w) for w in kept]
+        hashes = [get(w) or self._word_hash(w) for w in words]
+        kept = [h for h in hashes if h not in self._stop_hashes]
+        if kept:
+            return kept
+        if hashes:  # function words only: keep them rather than return nothing
+            return hashes
+        return [self._word_hash("\x00" + text)]  # punctuation only: one bucket, never a zero vector
 
     def _embed(self, texts: list[str]) -> EmbeddingResult:
-        dims = np.uint64(self.dimensions)
-        flat_index, weights = [], []
-        tokens = 0
-        for row, text in enumerate(texts):
-            hashes = np.fromiter(self._text_hashes(text), dtype=np.uint64)
-            tokens += estimate_tokens(text)
-            features = _mix(hashes)
-            weight = np.ones(len(hashes), dtype=np.float64)
-            if len(hashes) > 1:
-                bigrams = _mix(hashes[:-1] * _BIGRAM_MULT + hashes[1:])
-                features = np.concatenate([features, bigrams])
-                weight = np.concatenate([weight, np.full(len(bigrams), self.BIGRAM_WEIGHT)])
-            sign = 1.0 - 2.0 * (features >> np.uint64(63)).astype(np.float64)
-            flat_index.append((features % dims).astype(np.int64) + row * self.dimensions)
-            weights.append(weight * sign)
-        counts = np.bincount(np.concatenate(flat_index), weights=np.concatenate(weights),
-                             minlength=len(texts) * self.dimensions).reshape(len(texts), self.dimensions)
+        # the whole batch is hashed in one pass: word hashes of every text end to end, a row index
+        # per word, and word pairs kept only where both words belong to the same text
+        per_text = [self._text_hashes(text) for text in texts]
+        lengths = np.fromiter((len(h) for h in per_text), dtype=np.int64, count=len(per_text))
+        hashes = np.fromiter((h for text_hashes in per_text for h in text_hashes), dtype=np.uint64,
+                             count=int(lengths.sum()))
+        rows = np.repeat(np.arange(len(texts), dtype=np.int64), lengths)
+        pairs = rows[:-1] == rows[1:]
+        bigrams = _mix(hashes[:-1][pairs] * _BIGRAM_MULT + hashes[1:][pairs])
+        features = np.concatenate([_mix(hashes), bigrams])
+        owners = np.concatenate([rows, rows[:-1][pairs]])
+        base = np.concatenate([np.ones(len(hashes)), np.full(len(bigrams), self.BIGRAM_WEIGHT)])
+        # sublinear term frequency (1 + log tf per distinct feature of a text), so the words a text
+        # repeats most (the commonest words of the language) do not drown the ones that say what it is about
+        keys = features ^ (owners.astype(np.uint64) * np.uint64(0xD6E8FEB86659FD93))
+        _unique, first, counts = np.unique(keys, return_index=True, return_counts=True)
+        features, owners = features[first], owners[first]
+        weights = base[first] * (1.0 + np.log(counts))
+        weights *= 1.0 - 2.0 * (features >> np.uint64(63)).astype(np.float64)  # hashed sign
+        buckets = (features % np.uint64(self.dimensions)).astype(np.int64) + owners * self.dimensions
+        counts = np.bincount(buckets, weights=weights, minlength=len(texts) * self.dimensions)
+        counts = counts.reshape(len(texts), self.dimensions)
         norms = np.linalg.norm(counts, axis=1, keepdims=True)
         # opposite signs can cancel out exactly: fall back to a fixed unit vector rather than zero
         zero = norms[:, 0] == 0
         if zero.any():
             counts[zero, 0], norms[zero] = 1.0, 1.0
         vectors = (counts / norms).astype(np.float32)
+        tokens = sum(estimate_tokens(text) for text in texts)
         return EmbeddingResult(vectors, Usage.priced(provider=self.name, model=self.model, input_tokens=tokens))
 
 

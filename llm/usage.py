@@ -51,7 +51,7 @@ class Usage:
     def as_dict(self) -> dict:
         """A JSON-serialisable form (durable step results, API payloads)."""
         return {"provider": self.provider, "model": self.model, "input_tokens": self.input_tokens,
-                "output_tokens": self.output_tokens, "usd_cost": str(self.usd_cost), "calls": self.calls}
+                "output_tokens": self.output_tokens, "usd_cost": f"{self.usd_cost:f}", "calls": self.calls}
 
     @classmethod
     def from_dict(cls, data: dict) -> Usage:

@@ -7,9 +7,9 @@ from django.urls import reverse
 
 from durable.admin import EstimatedCountPaginator
 from durable.engine import upsert_attributes
+from durable.inprocess import run_until_settled
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, Schedule
 from durable.services import run_start, signal_send
-from durable.testing import run_until_settled
 
 pytestmark = pytest.mark.django_db
 

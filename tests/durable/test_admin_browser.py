@@ -7,8 +7,8 @@ from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
+from durable.inprocess import run_until_settled
 from durable.services import run_start
-from durable.testing import run_until_settled
 
 CHROMIUM = "/usr/bin/chromium"
 

@@ -6,9 +6,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from durable.engine import upsert_attributes
+from durable.inprocess import run_until_settled
 from durable.models import DurableRun, Schedule
 from durable.services import run_start
-from durable.testing import run_until_settled
 
 pytestmark = pytest.mark.django_db
 

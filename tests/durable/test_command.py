@@ -7,9 +7,9 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
+from durable.inprocess import run_until_settled
 from durable.models import DurableRun, StepCheckpoint
 from durable.services import run_start
-from durable.testing import run_until_settled
 
 pytestmark = pytest.mark.django_db
 

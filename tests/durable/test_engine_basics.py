@@ -1,9 +1,9 @@
 import pytest
 
 from durable.codec import decode
+from durable.inprocess import run_until_settled
 from durable.models import StepCheckpoint
 from durable.services import run_start
-from durable.testing import run_until_settled
 
 pytestmark = pytest.mark.django_db
 

@@ -8,9 +8,9 @@ from django.utils import timezone
 
 from durable import codec, engine, retention, tick
 from durable.codec import decode
+from durable.inprocess import run_until_settled
 from durable.models import DurableRun, Schedule, StepCheckpoint
 from durable.services import run_cancel, run_retry, run_start, schedule_save
-from durable.testing import run_until_settled
 
 pytestmark = pytest.mark.django_db
 

@@ -3,9 +3,9 @@ from django.db import connection
 
 from durable import engine
 from durable.codec import decode
+from durable.inprocess import run_until_settled
 from durable.models import DurableRun, StepCheckpoint
 from durable.services import run_start
-from durable.testing import run_until_settled
 
 pytestmark = pytest.mark.django_db
 

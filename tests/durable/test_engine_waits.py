@@ -4,9 +4,9 @@ import pytest
 
 from durable import engine
 from durable.codec import decode
+from durable.inprocess import run_until_settled
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, SignalWaiter
 from durable.services import InvalidRunState, event_publish, run_start, signal_send
-from durable.testing import run_until_settled
 
 pytestmark = pytest.mark.django_db
 

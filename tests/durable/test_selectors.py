@@ -6,9 +6,9 @@ from django.utils import timezone
 
 from durable import selectors
 from durable.engine import upsert_attributes
+from durable.inprocess import run_until_settled
 from durable.models import DurableRun
 from durable.services import RunNotFound, run_start
-from durable.testing import run_until_settled
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,8 @@
-"""Run durable workflows in-process, for tests and scripts: turns and queued steps are executed
-directly instead of by Celery workers, with the same claims, checkpoints and settles."""
+"""Run durable workflows in-process (tests, management commands, the demo seed, scripts).
+
+Turns and queued steps are executed directly instead of by Celery workers, with the same
+claims, checkpoints and settles, so a run driven here is indistinguishable from one run by
+workers; a worker receiving a message for it later finds nothing to claim."""
 
 from __future__ import annotations
 

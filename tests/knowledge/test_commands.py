@@ -1,0 +1,56 @@
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from knowledge import demo
+from knowledge.models import KnowledgeSource, Skill
+from knowledge.search import knowledge_search
+from tests.factories import UserFactory
+from tests.knowledge.fixtures import make_pdf
+from workspaces.models import Membership, Workspace
+
+pytestmark = pytest.mark.django_db
+
+
+def test_ingest_command_walks_files_and_directories(workspace, tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# Alpha\n\nLeases are renewed at half their length.")
+    (tmp_path / "docs" / "b.pdf").write_bytes(make_pdf([["Schedules fire once per window."]]))
+    (tmp_path / "docs" / "ignored.bin").write_bytes(b"\x00\x01")
+    (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4 broken")
+    out, err = StringIO(), StringIO()
+    with pytest.raises(CommandError, match="1 target"):
+        call_command("ingest", str(tmp_path / "docs"), str(tmp_path / "broken.pdf"), "--workspace", "acme",
+                     stdout=out, stderr=err)
+    assert "3/3" in out.getvalue()  # the progress bar reached the end
+    assert "indexed" in out.getvalue() and "could not read the PDF" in err.getvalue()
+    assert set(KnowledgeSource.objects.values_list("ingest_status", flat=True)) == {"indexed", "failed"}
+    out = StringIO()
+    call_command("ingest", str(tmp_path / "docs" / "a.md"), "--workspace", "acme", stdout=out)
+    assert "unchanged, already source" in out.getvalue()
+
+
+def test_ingest_command_errors(workspace):
+    with pytest.raises(CommandError, match="No workspace"):
+        call_command("ingest", "x.txt", "--workspace", "nope")
+    with pytest.raises(CommandError, match="no such file"):
+        call_command("ingest", "/nonexistent/file.txt", "--workspace", "acme")
+
+
+def test_demo_seed_is_idempotent_and_searchable():
+    admin = UserFactory(username="admin", is_superuser=True, is_staff=True)
+    out = StringIO()
+    demo.seed(stdout=out)
+    workspace = Workspace.objects.get(slug="demo")
+    assert Membership.objects.filter(workspace=workspace, user=admin, role="owner").exists()
+    sources = KnowledgeSource.objects.filter(workspace=workspace)
+    assert sources.count() >= 10 and set(sources.values_list("ingest_status", flat=True)) == {"indexed"}
+    chunks = sum(s.chunk_count for s in sources)
+    assert chunks >= 100
+    assert Skill.objects.filter(workspace=workspace, active=True).count() >= 7
+    before = (sources.count(), Skill.objects.count())
+    demo.seed(stdout=StringIO())
+    assert (KnowledgeSource.objects.filter(workspace=workspace).count(), Skill.objects.count()) == before
+    hits = knowledge_search(workspace=workspace, query="what happens when a worker crashes", k=3).hits
+    assert any("crash" in h.content.lower() for h in hits)

@@ -1,0 +1,143 @@
+"""Embedding providers: the offline hasher, and OpenAI through the real `openai` client talking
+HTTP to a local OpenAI-compatible server."""
+
+from decimal import Decimal
+
+import numpy as np
+import pytest
+
+from llm.embeddings import (
+    EmbeddingError,
+    OfflineEmbeddingProvider,
+    OpenAIEmbeddingProvider,
+    TransientEmbeddingError,
+    get_embedding_provider,
+)
+from llm.usage import usage_meter
+from tests.knowledge.servers import FakeOpenAI
+
+
+def test_offline_vectors_are_deterministic_unit_length_and_of_the_configured_width():
+    provider = OfflineEmbeddingProvider(dimensions=384)
+    first = provider.embed(["Durable workflows survive crashes.", "Cats sleep a lot."]).vectors
+    again = OfflineEmbeddingProvider(dimensions=384).embed(["Durable workflows survive crashes."]).vectors
+    assert first.shape == (2, 384) and first.dtype == np.float32
+    assert np.allclose(np.linalg.norm(first, axis=1), 1.0, atol=1e-5)
+    assert np.array_equal(first[0], again[0])  # a fresh instance (another process) agrees
+
+
+def test_offline_vectors_put_related_texts_closer():
+    provider = OfflineEmbeddingProvider(dimensions=384)
+    query, near, far = provider.embed([
+        "how does the durable engine recover a crashed workflow",
+        "the durable engine replays a workflow from its checkpoints after a crash",
+        "a recipe for lemon cake with butter and sugar",
+    ]).vectors
+    assert float(query @ near) > float(query @ far) + 0.1
+
+
+def test_offline_vectors_never_zero_even_for_punctuation_or_empty_text():
+    vectors = OfflineEmbeddingProvider(dimensions=64).embed(["", "!!!", "the of and"]).vectors
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_offline_usage_is_recorded_at_zero_cost():
+    with usage_meter() as meter:
+        OfflineEmbeddingProvider(dimensions=32).embed(["one two three four", "five"])
+    assert meter.total.calls == 1
+    assert meter.total.input_tokens > 0
+    assert meter.total.usd_cost == Decimal(0)
+
+
+def test_default_provider_is_offline_without_a_key(settings):
+    settings.EMBEDDING_PROVIDER = "offline"
+    provider = get_embedding_provider()
+    assert provider.name == "offline"
+    assert provider.dimensions == settings.EMBEDDING_DIMENSIONS
+
+
+@pytest.fixture
+def openai_server():
+    with FakeOpenAI(dimensions=384) as server:
+        yield server
+
+
+def _provider(server, **kwargs):
+    kwargs.setdefault("model", "text-embedding-3-small")
+    kwargs.setdefault("dimensions", 384)
+    return OpenAIEmbeddingProvider(api_key="sk-test", base_url=server.url("/v1"), timeout=5, **kwargs)
+
+
+def test_openai_embeddings_through_the_real_client(openai_server):
+    provider = _provider(openai_server, batch_size=2)
+    with usage_meter() as meter:
+        result = provider.embed(["alpha beta", "gamma", "delta epsilon zeta", "eta", "theta"])
+    assert result.vectors.shape == (5, 384)
+    assert np.allclose(np.linalg.norm(result.vectors, axis=1), 1.0, atol=1e-5)
+    # batched: 5 texts in requests of at most 2
+    assert [len(p["input"]) for p in openai_server.payloads] == [2, 2, 1]
+    first = openai_server.payloads[0]
+    assert first["model"] == "text-embedding-3-small" and first["dimensions"] == 384
+    assert openai_server.requests[0]["headers"]["authorization"] == "Bearer sk-test"
+    # usage from the server's answers, priced from the table (0.02 USD per million tokens)
+    assert meter.total.input_tokens == 8
+    assert meter.total.usd_cost == Decimal("0.00000016")
+    assert result.usage.calls == 3
+
+
+def test_openai_vectors_keep_the_order_of_the_texts(openai_server):
+    provider = _provider(openai_server)
+    texts = ["one", "two", "three"]
+    together = provider.embed(texts).vectors
+    alone = np.stack([provider.embed_query(t) for t in texts])
+    assert np.allclose(together, alone, atol=1e-6)
+
+
+def test_openai_rate_limit_is_retried_with_retry_after(openai_server):
+    sleeps = []
+    openai_server.failures = [
+        (429, {"Content-Type": "application/json", "Retry-After": "2"},
+         '{"error": {"message": "Rate limit reached", "type": "requests"}}'),
+        (503, {"Content-Type": "application/json"}, '{"error": {"message": "overloaded"}}'),
+    ]
+    provider = _provider(openai_server, sleep=sleeps.append, backoff_base=0.5)
+    vectors = provider.embed(["retry me"]).vectors
+    assert vectors.shape == (1, 384)
+    assert sleeps[0] == 2.0  # the server's Retry-After
+    assert 0.25 <= sleeps[1] <= 1.0  # exponential backoff with jitter, second attempt
+    assert len(openai_server.requests) == 3
+
+
+def test_openai_gives_up_after_max_retries_with_a_transient_error(openai_server):
+    openai_server.failures = [(429, {"Content-Type": "application/json"}, '{"error": {"message": "slow down"}}')] * 3
+    provider = _provider(openai_server, sleep=lambda s: None, max_retries=2)
+    with pytest.raises(TransientEmbeddingError, match="after 3 attempts"):
+        provider.embed(["x"])
+
+
+def test_openai_bad_request_fails_at_once_with_the_server_message(openai_server):
+    openai_server.failures = [(400, {"Content-Type": "application/json"},
+                               '{"error": {"message": "This model does not exist", "type": "invalid_request"}}')]
+    provider = _provider(openai_server, sleep=lambda s: pytest.fail("must not retry"))
+    with pytest.raises(EmbeddingError, match="This model does not exist") as caught:
+        provider.embed(["x"])
+    assert not isinstance(caught.value, TransientEmbeddingError)
+
+
+def test_openai_model_of_another_width_is_a_clear_error():
+    with FakeOpenAI(native_dimensions=768) as server:
+        provider = _provider(server, model="nomic-embed-text")
+        with pytest.raises(EmbeddingError, match="768-dimensional vectors but EMBEDDING_DIMENSIONS is 384"):
+            provider.embed(["x"])
+        assert "dimensions" not in server.payloads[0]  # only text-embedding-3 models are asked to shorten
+
+
+def test_openai_provider_from_settings_uses_the_base_url(settings, openai_server):
+    settings.EMBEDDING_PROVIDER = "openai"
+    settings.EMBEDDING_MODEL = "text-embedding-3-small"
+    settings.OPENAI_API_KEY = "sk-settings"
+    settings.OPENAI_BASE_URL = openai_server.url("/v1")
+    provider = get_embedding_provider()
+    assert provider.name == "openai"
+    assert provider.embed_query("hello").shape == (384,)
+    assert openai_server.requests[-1]["headers"]["authorization"] == "Bearer sk-settings"
