@@ -26,7 +26,7 @@ from urllib.parse import urljoin, urlsplit
 
 from knowledge.extraction import CSV, DOCX, HTML, MARKDOWN, PDF, TEXT
 
-USER_AGENT = "LineageKnowledgeBot/0.1 (+https://github.com/lineage; one page per request)"
+USER_AGENT = "LineageKnowledgeBot/0.1 (one page per request)"
 MAX_REDIRECTS = 5
 ACCEPTED_TYPES = (TEXT, MARKDOWN, HTML, CSV, PDF, DOCX, "application/xhtml+xml", "text/x-markdown")
 
