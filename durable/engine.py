@@ -19,6 +19,7 @@ one commit per step.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
@@ -150,6 +151,9 @@ def backoff_delay(options: dict, attempt: int) -> float:
     if options.get("jitter", True):
         delay = random.uniform(delay / 2, delay)
     return min(delay, cap)
+
+
+_NO_RETRIES = {"retries": 0}
 
 
 def _step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout) -> dict:
@@ -432,7 +436,10 @@ class Context:
                 raise Suspend(checkpoint.wake_at)
             options = _step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout)
             return self._run_inline(seq, name, fn, args, options, previous_attempt=checkpoint.attempt)
-        options = _step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout)
+        if not retries and timeout is None and not queue:
+            options = _NO_RETRIES  # the hot path: nothing to validate or build
+        else:
+            options = _step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout)
         if queue:
             self._enqueue(seq, name, fn, args, queue, options)
             raise Suspend()
@@ -829,7 +836,7 @@ UPDATE {RUN_TABLE}
 SET status = 'running', locked_by = %s, locked_until = statement_timestamp() + make_interval(secs => %s), wake_pending = false,
     wake_at = NULL, turns = turns + 1, started_at = COALESCE(started_at, statement_timestamp()), updated_at = statement_timestamp()
 WHERE id = %s AND status IN ('pending', 'suspended', 'running') AND (locked_until IS NULL OR locked_until < statement_timestamp())
-RETURNING workflow, input, namespace, priority, tags
+RETURNING workflow, input, namespace, priority, tags, turns, parent_id
 """
 
 RELEASE_SQL = f"""
@@ -869,15 +876,17 @@ def execute_turn(run_id: str) -> TurnResult:
     claimed = cursor.fetchone()
     if claimed is None:
         return TurnResult(run_id, "not_claimed")
-    workflow_name, input_text, namespace, priority, tags = claimed
+    workflow_name, input_text, namespace, priority, tags, turns, parent_id = claimed
     lease_keeper.hold(run_id, token)
     try:
-        cursor.execute(REPLAY_SQL, (run_id,), prepare=True)
-        checkpoints = {row[0]: _Checkpoint(row) for row in cursor.fetchall()}
+        checkpoints = {}
+        if turns > 1:  # the first claim ever of a run: nothing can have been checkpointed yet
+            cursor.execute(REPLAY_SQL, (run_id,), prepare=True)
+            checkpoints = {row[0]: _Checkpoint(row) for row in cursor.fetchall()}
         try:
             definition = get_workflow(workflow_name)
         except UnknownWorkflow as exc:
-            return _finish(run_id, token, "failed", error=error_payload(exc))
+            return _finish(run_id, token, "failed", error=error_payload(exc), has_parent=bool(parent_id))
         ctx = Context(run_id=run_id, workflow=workflow_name, namespace=namespace, priority=priority, token=token,
                       checkpoints=checkpoints, tags=list(tags or []))
         ctx._cursor = cursor
@@ -890,15 +899,15 @@ def execute_turn(run_id: str) -> TurnResult:
             logger.warning("durable: run %s: %s; leaving it to the lease holder", run_id, lost)
             return TurnResult(run_id, "lease_lost")
         except NonDeterminismError as exc:
-            return _finish(run_id, token, "failed", error=error_payload(exc))
+            return _finish(run_id, token, "failed", error=error_payload(exc), has_parent=bool(parent_id))
         except Exception as exc:
-            return _finish(run_id, token, "failed", error=error_payload(exc))
+            return _finish(run_id, token, "failed", error=error_payload(exc), has_parent=bool(parent_id))
         try:
             encoded = encode(output)
         except TypeError as exc:
-            return _finish(run_id, token, "failed", error=error_payload(
+            return _finish(run_id, token, "failed", has_parent=bool(parent_id), error=error_payload(
                 TypeError(f"the workflow's return value is not JSON-serialisable: {exc}")))
-        return _finish(run_id, token, "completed", output=output, encoded_output=encoded)
+        return _finish(run_id, token, "completed", output=output, encoded_output=encoded, has_parent=bool(parent_id))
     finally:
         lease_keeper.release(run_id)
 
@@ -916,24 +925,27 @@ def _release(run_id: str, token: str, wake_at: datetime | None, priority: int) -
 
 
 def _finish(run_id: str, token: str, status: str, *, output=None, encoded_output: str | None = None,
-            error: dict | None = None) -> TurnResult:
-    with transaction.atomic():
+            error: dict | None = None, has_parent: bool = True) -> TurnResult:
+    """Record the run's end: a compare-and-set on its status and lease. A child also settles its
+    parent's checkpoint in the same transaction; a root run needs only the one statement. (A run can
+    only end once each of its waits resolved, and resolving a wait deletes its waiter.)"""
+    params = [status, encoded_output if encoded_output is not None else "", encode(error) if error else "",
+              run_id, token]
+    fan_groups: list[int] = []
+    with transaction.atomic(durable=False) if has_parent else contextlib.nullcontext():
         with connection.cursor() as cursor:
-            cursor.execute(FINISH_SQL, [status, encoded_output if encoded_output is not None else "",
-                                        encode(error) if error else "", run_id, token])
+            cursor.execute(FINISH_SQL, params)
             row = cursor.fetchone()
-            if row is None:
-                # cancelled (or recovered by another worker) while this turn ran: never resurrect it
-                return TurnResult(run_id, "lease_lost")
-            cursor.execute(f"DELETE FROM {WAITER_TABLE} WHERE run_id = %s", [run_id])
+        if row is None:
+            # cancelled (or recovered by another worker) while this turn ran: never resurrect it
+            return TurnResult(run_id, "lease_lost")
         parent_id, parent_seq = row
-        fan_groups = []
         if parent_id:
             fan_groups = notify_parent(parent_id, parent_seq, status, output=output, error=error, child_id=run_id,
                                        check_fan=False)
     # the parent's join check runs after the commit (see wake_when_fan_settled)
-    for group in fan_groups:
-        wake_when_fan_settled(parent_id, [group])
+    if fan_groups:
+        wake_when_fan_settled(parent_id, fan_groups)
     return TurnResult(run_id, status, output=output, error=error)
 
 
