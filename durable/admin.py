@@ -9,14 +9,12 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import ValidationError
-from django.core.paginator import Paginator
-from django.db import connection
 from django.db.models import Exists, OuterRef, Q
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.functional import cached_property
 from django.utils.html import format_html
 
+from config.admin import EstimatedCountPaginator, ReadOnlyAdmin
 from durable import selectors, services
 from durable.codec import Undecodable, decode, decode_strict
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, RunAttribute, Schedule
@@ -42,25 +40,6 @@ def payload_html(text: str, *, column: str, row: str):
         decode(text, column=column, row=row)
         return format_html('<span class="undecodable">{}</span>', UNDECODABLE)
     return format_html('<pre class="durable-json">{}</pre>', pretty_json(value))
-
-
-class EstimatedCountPaginator(Paginator):
-    """On an unfiltered changelist the count comes from pg_class.reltuples (about 1 ms) rather than a
-    COUNT(*) over the whole table; small or never-analysed tables, and filtered lists, count exactly."""
-
-    exact_below = 10_000
-
-    @cached_property
-    def count(self):
-        query = getattr(self.object_list, "query", None)
-        if query is not None and not query.where:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
-                               [query.model._meta.db_table])
-                row = cursor.fetchone()
-            if row and row[0] >= self.exact_below:
-                return int(row[0])
-        return super().count
 
 
 class WorkflowFilter(admin.SimpleListFilter):
@@ -105,19 +84,6 @@ class SignalForm(forms.Form):
             return json.loads(text)
         except ValueError as exc:
             raise ValidationError(f"Not valid JSON: {exc}") from None
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """History is never edited by hand: no add, change or delete."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(DurableRun)

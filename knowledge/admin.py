@@ -3,32 +3,14 @@ import difflib
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.postgres.search import SearchQuery
-from django.core.paginator import Paginator
-from django.db import connection, transaction
+from django.db import transaction
 from django.urls import reverse
-from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
+from config.admin import EstimatedCountPaginator, ReadOnlyAdmin
 from knowledge import services
 from knowledge.models import SEARCH_CONFIG, KnowledgeChunk, KnowledgeSource, Skill
 from knowledge.skills import render_skill
-
-
-class EstimatedCountPaginator(Paginator):
-    """Uses the planner's row estimate for an unfiltered table instead of COUNT(*) over millions of chunks."""
-
-    @cached_property
-    def count(self):
-        query = self.object_list.query
-        if not query.where:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)",
-                               [self.object_list.model._meta.db_table])
-                row = cursor.fetchone()
-            if row and row[0] > 10_000:
-                return int(row[0])
-        return super().count
-
 
 # -------------------------------------------------------------------------------------------- sources
 
@@ -186,7 +168,7 @@ class KnowledgeSourceAdmin(admin.ModelAdmin):
 
 
 @admin.register(KnowledgeChunk)
-class KnowledgeChunkAdmin(admin.ModelAdmin):
+class KnowledgeChunkAdmin(ReadOnlyAdmin):
     """Chunks are written by ingestion only: read-only here."""
 
     list_display = ["__str__", "source", "ordinal", "token_count", "preview"]
@@ -201,15 +183,6 @@ class KnowledgeChunkAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).defer("embedding", "search_vector")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="content")
     def preview(self, obj):

@@ -5,7 +5,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from durable.admin import EstimatedCountPaginator
+from config.admin import EstimatedCountPaginator
 from durable.engine import upsert_attributes
 from durable.inprocess import run_until_settled
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, Schedule
