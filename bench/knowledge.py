@@ -16,11 +16,15 @@ workspaces of about 4,450 chunks (a multi-tenant table). Every source goes throu
 ingestion path: `services.source_create_text`, then the durable workflow (prepare -> embedding
 batches -> finalize) driven in-process by `durable.inprocess.run_until_settled`, in 2 processes.
 
-During the bulk load the global HNSW index is dropped and rebuilt afterwards (COPY into an
-HNSW-indexed table runs at about 900 rows/s, see REFERENCE.md; this benchmark also measures
-incremental ingestion into the indexed table on a sample, to show that cost); the GIN full-text
-index stays in place. Then the 10% workspace gets its partial HNSW index (the plan ingestion
-creates for any workspace past KNOWLEDGE_EXACT_SCAN_MAX_ROWS), and queries are timed through
+The bulk load runs in the product's bulk mode (`knowledge.bulk.deferred_indexes`, what
+`manage.py ingest --bulk` uses): the global GIN and HNSW indexes are dropped, the sources are
+ingested, and the indexes are built again at the end (COPY into an HNSW-indexed table runs at
+about 900 rows/s, see REFERENCE.md). The bulk ingestion rate counts the load *and* the GIN
+rebuild (full-text search is not usable before it); the HNSW build is reported on its own line,
+and the rate including it as well. Incremental ingestion into the fully indexed table (GIN and
+HNSW in place, no bulk mode) is measured on a sample, to show that cost. Then the 10% workspace
+gets its partial HNSW index (the plan ingestion creates for any workspace past
+KNOWLEDGE_EXACT_SCAN_MAX_ROWS), and queries are timed through
 `knowledge.search.vector_search`, the selector's own plan choice, against exact numpy ground truth:
 
     unfiltered     the global HNSW index (ef_search = KNOWLEDGE_HNSW_EF_SEARCH)
@@ -268,6 +272,10 @@ def main() -> int:
     settings.DURABLE_DISPATCH_ENABLED = False  # this process drives the runs; no Celery worker needed
     threshold = settings.KNOWLEDGE_EXACT_SCAN_MAX_ROWS
     ef = settings.KNOWLEDGE_HNSW_EF_SEARCH
+    from knowledge.models import KnowledgeChunk
+
+    hnsw = next(i for i in KnowledgeChunk._meta.indexes if i.name == "knowledge_chunk_embedding_hnsw")
+    hnsw_m, hnsw_efc = hnsw.m, hnsw.ef_construction
     results: dict = {"benchmark": NAME, "targets": TARGETS}
     try:
         with common.connect(common.database_url(BENCH_DB)) as conn:
@@ -297,29 +305,22 @@ def main() -> int:
         generated = time.perf_counter() - started
         common.say(f"generated {len(plan)} documents x {per_source} paragraphs in {generated:.1f}s")
 
-        # -- bulk ingestion with the global HNSW index dropped
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_get_indexdef('knowledge_chunk_embedding_hnsw'::regclass)")
-            hnsw_def = cursor.fetchone()[0]
-            cursor.execute("DROP INDEX knowledge_chunk_embedding_hnsw")
-        settings.KNOWLEDGE_EXACT_SCAN_MAX_ROWS = 10**9  # no partial index while loading; built below
-        load = ingest(plan, args.processes)
+        # -- bulk ingestion in the product's bulk mode: global GIN and HNSW indexes built after the load
+        from knowledge.bulk import deferred_indexes
+
+        with deferred_indexes(sync_workspaces=False) as rebuilt:  # partial indexes are timed below
+            load = ingest(plan, args.processes)
         with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM knowledge_knowledgechunk")
             chunks = cursor.fetchone()[0]
-        rate = chunks / load["seconds"]
+        gin, build = rebuilt["gin_seconds"], rebuilt["hnsw_seconds"]
+        rate = chunks / (load["seconds"] + gin)
+        rate_all = chunks / (load["seconds"] + gin + build)
         common.say(f"ingested {chunks:,} chunks from {load['sources']} sources in {load['seconds']:.1f}s "
-                   f"({rate:,.0f} chunks/s, {load['failed']} failed)")
+                   f"+ GIN rebuild {gin:.1f}s ({rate:,.0f} chunks/s, {load['failed']} failed); "
+                   f"HNSW build {build:.1f}s")
 
-        # -- HNSW build (global), then the partial index of the 10% workspace
-        with connection.cursor() as cursor:
-            cursor.execute("SET maintenance_work_mem = '1GB'")
-            cursor.execute("SET max_parallel_maintenance_workers = 1")
-            started = time.perf_counter()
-            cursor.execute(hnsw_def)
-            build = time.perf_counter() - started
-            cursor.execute("ANALYZE knowledge_knowledgechunk")
-        settings.KNOWLEDGE_EXACT_SCAN_MAX_ROWS = threshold
+        # -- the partial index of the 10% workspace
         started = time.perf_counter()
         synced = {key: search.workspace_vector_index_sync(ws.pk) for key, ws in workspaces.items()}
         partial = time.perf_counter() - started
@@ -365,10 +366,12 @@ def main() -> int:
             f"Ingestion: {chunks:,} chunks x {settings.EMBEDDING_DIMENSIONS} dims, offline embedder, "
             f"{args.processes} process(es)",
             ["what", "value", "target", "verdict"],
-            [["bulk ingest (HNSW built after)", f"{rate:,.0f} chunks/s", f">= {TARGETS['ingest_chunks_per_s']:,}",
-              common.verdict(met_ingest)],
-             ["incremental ingest (HNSW in place)", f"{incremental_rate:,.0f} chunks/s", "-", "-"],
-             ["global HNSW build (m=16, ef_construction=64)", f"{build:.1f} s", "-", "-"],
+            [["bulk ingest (ingest --bulk: load + GIN rebuild)", f"{rate:,.0f} chunks/s",
+              f">= {TARGETS['ingest_chunks_per_s']:,}", common.verdict(met_ingest)],
+             ["  of which the load / the GIN rebuild", f"{load['seconds']:.1f} s / {gin:.1f} s", "-", "-"],
+             ["bulk ingest including the HNSW build", f"{rate_all:,.0f} chunks/s", "-", "-"],
+             ["incremental ingest (GIN + HNSW in place)", f"{incremental_rate:,.0f} chunks/s", "-", "-"],
+             [f"global HNSW build (m={hnsw_m}, ef_construction={hnsw_efc})", f"{build:.1f} s", "-", "-"],
              ["partial HNSW build (10% workspace)", f"{partial:.1f} s", "-", "-"],
              ["corpus generation (not counted)", f"{generated:.1f} s", "-", "-"]],
         )
@@ -386,13 +389,18 @@ def main() -> int:
                        "30,000-word Zipf (s=1.1) vocabulary mixed with 2,000 topic vocabularies",
                        "paragraphs_per_source": per_source, "generation_seconds": round(generated, 2),
                        "topic_share": args.topic_share},
-            "ingest": {"chunks_per_s": round(rate, 1), "seconds": round(load["seconds"], 2),
+            "ingest": {"chunks_per_s": round(rate, 1), "mode": "bulk (knowledge.bulk.deferred_indexes)",
+                       "seconds": round(load["seconds"] + gin, 2), "load_seconds": round(load["seconds"], 2),
+                       "gin_rebuild_seconds": round(gin, 2), "chunks_per_s_including_hnsw_build": round(rate_all, 1),
                        "source_create_seconds": round(load["create_seconds"], 2), "processes": args.processes,
-                       "failed_sources": load["failed"], "hnsw_during_load": False, "gin_during_load": True,
+                       "failed_sources": load["failed"], "hnsw_during_load": False, "gin_during_load": False,
+                       "embedding_model": settings.EMBEDDING_MODEL,
                        "verdict": common.verdict(met_ingest),
                        "incremental_chunks_per_s_with_hnsw": round(incremental_rate, 1)},
             "index": {"hnsw_build_seconds": round(build, 2), "partial_index_seconds": round(partial, 2),
-                      "maintenance_work_mem": "1GB", "exact_scan_max_rows": threshold, "ef_search": ef},
+                      "hnsw_m": hnsw_m, "hnsw_ef_construction": hnsw_efc,
+                      "maintenance_work_mem": getattr(settings, "KNOWLEDGE_BULK_MAINTENANCE_WORK_MEM", "1GB"),
+                      "exact_scan_max_rows": threshold, "ef_search": ef},
             "search": scenarios,
         })
         common.write_results(NAME, results)

@@ -277,8 +277,12 @@ def workspace_vector_index_sync(workspace_id: int) -> dict:
     """Give a workspace past KNOWLEDGE_EXACT_SCAN_MAX_ROWS chunks its own partial HNSW index, and
     drop the index of one that shrank below half of it. Run after each ingest (a durable step on
     the ingest queue); concurrent calls for one workspace wait for each other."""
+    from knowledge.bulk import bulk_active
+
     conf = knowledge_settings()
     name = workspace_index_name(workspace_id)
+    if bulk_active():  # a bulk load (knowledge.bulk) builds the indexes once, at its end
+        return {"rows": None, "index": name, "action": "deferred"}
     in_transaction = connection.in_atomic_block
     # outside a transaction the index is built CONCURRENTLY, so ingests and searches go on meanwhile
     concurrently = "" if in_transaction else " CONCURRENTLY"

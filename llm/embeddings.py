@@ -99,27 +99,148 @@ def _mix(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint64(31))
 
 
+# every character str.split() treats as whitespace (all below U+3001), mapped to a plain space, so the
+# UTF-8 bytes of a cleaned text split into words at byte 0x20 alone
+_SEPARATORS = str.maketrans(
+    {**{c: " " for c in map(chr, range(0x3001)) if c.isspace()},
+     **{c: " " for c in "!\"#$%&'()*+,-./:;<=>?@[\\]^`{|}~\u2018\u2019\u201c\u201d\u2013\u2014"
+                        "\u2026\u00ab\u00bb\u00a1\u00bf\u00b7\u2022"}}
+)
+_POLY = np.uint64(0xD6E8FEB86659FD93)  # odd, so it has an inverse modulo 2**64
+_POLY_INVERSE = np.uint64(pow(0xD6E8FEB86659FD93, -1, 2**64))
+_LENGTH_MULT = np.uint64(0xC2B2AE3D27D4EB4F)
+_LOW46 = np.uint64((1 << 46) - 1)
+_MAX_TEXTS = 1 << 16  # texts per hashing pass: a feature key holds the text's index in its top 16 bits
+_MAX_BYTES = 1 << 20  # bytes per hashing pass (more only for a single longer text): bounds the power tables
+
+
+class _Powers:
+    """P**j and P**-j modulo 2**64 for j < size, grown on demand (shared; replaced, never mutated)."""
+
+    def __init__(self):
+        self.forward = self.inverse = np.ones(1, dtype=np.uint64)
+
+    def get(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        forward, inverse = self.forward, self.inverse
+        if len(forward) < size:
+            size = max(size, 2 * len(forward), 1 << 16)
+            # 1, P, P**2, ... and 1, P**-1, P**-2, ... (uint64 products wrap modulo 2**64)
+            forward = np.concatenate([[np.uint64(1)], np.cumprod(np.full(size - 1, _POLY, dtype=np.uint64))])
+            inverse = np.concatenate([[np.uint64(1)], np.cumprod(np.full(size - 1, _POLY_INVERSE, dtype=np.uint64))])
+            self.forward, self.inverse = forward, inverse
+        return forward, inverse
+
+
 class OfflineEmbeddingProvider(EmbeddingProvider):
     """Deterministic feature hashing, for demos, tests and benchmarks; never a real model.
 
-    Each text is lower-cased and split into words; common function words are dropped (unless
-    nothing else is left). Every distinct word (weight 1) and pair of adjacent words (weight 0.5),
-    scaled by 1 + log of its count in the text, is hashed with BLAKE2b into one of `dimensions`
-    buckets with a hashed sign; the bucket sums form the vector, scaled to unit length. Texts
-    sharing words therefore land near each other, the same text always gives the same vector, in
-    every process and on every machine, and a whole batch is hashed with a few numpy operations.
+    Each text is lower-cased and split into words at whitespace and punctuation; common function
+    words are dropped (unless nothing else is left). Every distinct word (weight 1) and pair of
+    adjacent words (weight 0.5), scaled by 1 + log of its count in the text, is hashed into one of
+    `dimensions` buckets with a hashed sign; the bucket sums form the vector, scaled to unit
+    length. Texts sharing words therefore land near each other, and the same text always gives
+    the same vector, in every process, on every machine and in any batch.
+
+    ``offline-hash-v2`` (the default) hashes a whole batch with numpy: the cleaned texts' UTF-8
+    bytes end to end, word boundaries found with array comparisons, each word hashed as a
+    polynomial over its bytes (prefix sums modulo 2**64) and mixed with splitmix64, so no Python
+    code runs per word. ``offline-hash-v1`` (BLAKE2b per distinct word, a Python loop over the
+    words) is kept, bit for bit, for vectors stored with it; its vectors differ from v2's, so a
+    change of model offers a re-embed like any other.
     """
 
     name = "offline"
     BIGRAM_WEIGHT = 0.5
+    LEGACY_MODEL = "offline-hash-v1"
     _CACHE_LIMIT = 500_000
 
-    def __init__(self, *, dimensions: int, model: str = "offline-hash-v1"):
+    def __init__(self, *, dimensions: int, model: str = "offline-hash-v2"):
         self.dimensions = dimensions
         self.model = model
         self._hashes: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._stop_hashes = frozenset(self._word_hash(word) for word in STOP_WORDS)
+        if model == self.LEGACY_MODEL:
+            self._stop_hashes = frozenset(self._word_hash(word) for word in STOP_WORDS)
+        else:
+            self._powers = _Powers()
+            words = " ".join(sorted(STOP_WORDS)).encode()
+            self._stop_array = np.sort(self._hash_words(np.frombuffer(words, dtype=np.uint8))[0])
+
+    def _embed(self, texts: list[str]) -> EmbeddingResult:
+        if self.model == self.LEGACY_MODEL:
+            vectors = self._embed_v1(texts)
+        else:
+            encoded = [text.lower().translate(_SEPARATORS).encode() for text in texts]
+            parts, start, size = [], 0, 0
+            for end, data in enumerate(encoded):
+                if end > start and (size + len(data) > _MAX_BYTES or end - start == _MAX_TEXTS):
+                    parts.append(self._embed_v2(texts[start:end], encoded[start:end]))
+                    start, size = end, 0
+                size += len(data) + 1
+            parts.append(self._embed_v2(texts[start:], encoded[start:]))
+            vectors = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        tokens = sum(estimate_tokens(text) for text in texts)
+        return EmbeddingResult(vectors, Usage.priced(provider=self.name, model=self.model, input_tokens=tokens))
+
+    # ---- v2: the whole batch in numpy
+
+    def _hash_words(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(word hashes, word start offsets) of the space-separated words in `data` (UTF-8 bytes)."""
+        size = len(data)
+        if not size:
+            return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+        space = data == 32
+        word = ~space
+        starts = np.flatnonzero(word & np.concatenate(([True], space[:-1])))
+        ends = np.flatnonzero(word & np.concatenate((space[1:], [True]))) + 1
+        forward, inverse = self._powers.get(size + 1)
+        # prefix[i] = sum of data[j] * P**j for j < i; a word's hash is its slice times P**-start
+        prefix = np.zeros(size + 1, dtype=np.uint64)
+        np.cumsum(data.astype(np.uint64) * forward[:size], out=prefix[1:])
+        poly = (prefix[ends] - prefix[starts]) * inverse[starts]
+        return _mix(poly ^ ((ends - starts).astype(np.uint64) * _LENGTH_MULT)), starts
+
+    def _embed_v2(self, texts: list[str], encoded: list[bytes]) -> np.ndarray:
+        """Vectors of `texts`, given as lower-cased, separator-cleaned UTF-8 (`encoded`)."""
+        count, dims = len(texts), self.dimensions
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=count)
+        offsets = np.concatenate(([0], np.cumsum(lengths + 1)[:-1]))  # each text is followed by one space
+        hashes, starts = self._hash_words(np.frombuffer(b" ".join(encoded), dtype=np.uint8))
+        owners = np.searchsorted(offsets, starts, side="right") - 1
+        # function words go, unless a text has nothing else
+        stop = np.isin(hashes, self._stop_array)
+        if stop.any():
+            content = np.bincount(owners[~stop], minlength=count)
+            keep = ~stop | (content[owners] == 0)
+            hashes, owners = hashes[keep], owners[keep]
+        words = np.bincount(owners, minlength=count)
+        if not words.all():  # punctuation only (or empty): one feature of the raw text, never a zero vector
+            empty = np.flatnonzero(words == 0)
+            raw = [("\x00" + texts[i]).encode().replace(b" ", b"\x00") for i in empty]
+            extra, _ = self._hash_words(np.frombuffer(b" ".join(raw), dtype=np.uint8))
+            order = np.argsort(np.concatenate([owners, empty]), kind="stable")
+            hashes, owners = np.concatenate([hashes, extra])[order], np.concatenate([owners, empty])[order]
+        # word pairs only where both words belong to the same text
+        pairs = owners[:-1] == owners[1:]
+        bigrams = _mix(hashes[:-1][pairs] * _BIGRAM_MULT + hashes[1:][pairs])
+        # a key per (text, feature): the text in the top 16 bits, bit 47 marks a word pair, and the
+        # feature's top 47 bits below (bit 46 its sign, the 46 under it choose the bucket); sorting
+        # the keys groups each text's repeats of a feature, whose count gives its 1 + log(tf) weight
+        owners64 = owners.astype(np.uint64) << np.uint64(48)
+        keys = np.concatenate([owners64 | (_mix(hashes) >> np.uint64(17)),
+                               owners64[:-1][pairs] | np.uint64(1 << 47) | (bigrams >> np.uint64(17))])
+        keys.sort()
+        first = np.concatenate(([True], keys[1:] != keys[:-1]))
+        starts = np.flatnonzero(first)
+        tf = np.diff(np.append(starts, len(keys)))
+        keys = keys[starts]
+        weights = np.where(keys & np.uint64(1 << 47), self.BIGRAM_WEIGHT, 1.0) * (1.0 + np.log(tf))
+        weights *= 1.0 - 2.0 * ((keys >> np.uint64(46)) & np.uint64(1)).astype(np.float64)  # hashed sign
+        buckets = (keys >> np.uint64(48)).astype(np.int64) * dims + ((keys & _LOW46) % np.uint64(dims)).astype(np.int64)
+        sums = np.bincount(buckets, weights=weights, minlength=count * dims).reshape(count, dims)
+        return _unit_rows(sums)
+
+    # ---- v1: BLAKE2b per word (kept for vectors stored with offline-hash-v1)
 
     def _word_hash(self, word: str) -> int:
         value = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little") or 1
@@ -140,7 +261,7 @@ class OfflineEmbeddingProvider(EmbeddingProvider):
             return hashes
         return [self._word_hash("\x00" + text)]  # punctuation only: one bucket, never a zero vector
 
-    def _embed(self, texts: list[str]) -> EmbeddingResult:
+    def _embed_v1(self, texts: list[str]) -> np.ndarray:
         # the whole batch is hashed in one pass: word hashes of every text end to end, a row index
         # per word, and word pairs kept only where both words belong to the same text
         per_text = [self._text_hashes(text) for text in texts]
@@ -162,15 +283,16 @@ class OfflineEmbeddingProvider(EmbeddingProvider):
         weights *= 1.0 - 2.0 * (features >> np.uint64(63)).astype(np.float64)  # hashed sign
         buckets = (features % np.uint64(self.dimensions)).astype(np.int64) + owners * self.dimensions
         counts = np.bincount(buckets, weights=weights, minlength=len(texts) * self.dimensions)
-        counts = counts.reshape(len(texts), self.dimensions)
-        norms = np.linalg.norm(counts, axis=1, keepdims=True)
-        # opposite signs can cancel out exactly: fall back to a fixed unit vector rather than zero
-        zero = norms[:, 0] == 0
-        if zero.any():
-            counts[zero, 0], norms[zero] = 1.0, 1.0
-        vectors = (counts / norms).astype(np.float32)
-        tokens = sum(estimate_tokens(text) for text in texts)
-        return EmbeddingResult(vectors, Usage.priced(provider=self.name, model=self.model, input_tokens=tokens))
+        return _unit_rows(counts.reshape(len(texts), self.dimensions))
+
+
+def _unit_rows(sums: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(sums, axis=1, keepdims=True)
+    # opposite signs can cancel out exactly: fall back to a fixed unit vector rather than zero
+    zero = norms[:, 0] == 0
+    if zero.any():
+        sums[zero, 0], norms[zero] = 1.0, 1.0
+    return (sums / norms).astype(np.float32)
 
 
 # -------------------------------------------------------------------------------------------- openai

@@ -32,6 +32,7 @@ PRICES: dict[str, Price] = {
     "text-embedding-3-large": _p("0.13"),
     "text-embedding-ada-002": _p("0.10"),
     "offline-hash-v1": _p("0"),
+    "offline-hash-v2": _p("0"),
     # chat
     "gpt-4.1": _p("2.00", "8.00"),
     "gpt-4.1-mini": _p("0.40", "1.60"),

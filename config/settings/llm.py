@@ -13,7 +13,7 @@ LLM_DEFAULT_MODEL = env_str("LLM_DEFAULT_MODEL", "gpt-4.1-mini")
 LLM_TIMEOUT_SECONDS = env_int("LLM_TIMEOUT_SECONDS", 60, minimum=1)
 
 EMBEDDING_PROVIDER = env_str("EMBEDDING_PROVIDER", "openai" if OPENAI_API_KEY else "offline")
-EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", "text-embedding-3-small" if OPENAI_API_KEY else "offline-hash-v1")
+EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", "text-embedding-3-small" if OPENAI_API_KEY else "offline-hash-v2")
 # The width of every stored vector: the knowledge tables' vector(N) column is created with it.
 EMBEDDING_DIMENSIONS = env_int("EMBEDDING_DIMENSIONS", 384, minimum=8, maximum=2000)
 EMBEDDING_BATCH_SIZE = env_int("EMBEDDING_BATCH_SIZE", 64, minimum=1, maximum=2048)

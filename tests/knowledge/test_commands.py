@@ -54,3 +54,37 @@ def test_demo_seed_is_idempotent_and_searchable():
     assert (KnowledgeSource.objects.filter(workspace=workspace).count(), Skill.objects.count()) == before
     hits = knowledge_search(workspace=workspace, query="what happens when a worker crashes", k=3).hits
     assert any("crash" in h.content.lower() for h in hits)
+
+
+def _chunk_indexes() -> set[str]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'knowledge_knowledgechunk'")
+        return {row[0] for row in cursor.fetchall()}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ingest_command_bulk_mode_rebuilds_the_indexes(tmp_path):
+    ws = Workspace.objects.create(name="Bulk", slug="bulk")
+    before = _chunk_indexes()
+    assert {"knowledge_chunk_search_gin", "knowledge_chunk_embedding_hnsw"} <= before
+    (tmp_path / "a.md").write_text("# Alpha\n\nLeases are renewed at half their length.")
+    (tmp_path / "b.txt").write_text("Schedules fire exactly once per window, even after a restart.")
+    out = StringIO()
+    call_command("ingest", str(tmp_path), "--workspace", "bulk", "--bulk", stdout=out)
+    assert "indexes rebuilt" in out.getvalue()
+    assert _chunk_indexes() == before
+    assert set(KnowledgeSource.objects.filter(workspace=ws).values_list("ingest_status", flat=True)) == {"indexed"}
+    hits = knowledge_search(workspace=ws, query="schedules window", mode="fulltext").hits
+    assert hits and "Schedules" in hits[0].content
+    # an interrupted bulk load leaves indexes missing: --restore-indexes puts them back
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("DROP INDEX knowledge_chunk_search_gin")
+    out = StringIO()
+    call_command("ingest", "--restore-indexes", stdout=out)
+    assert "built knowledge_chunk_search_gin" in out.getvalue() and _chunk_indexes() == before
+    with pytest.raises(CommandError, match="background"):
+        call_command("ingest", str(tmp_path), "--workspace", "bulk", "--bulk", "--background")

@@ -34,7 +34,7 @@ def test_text_source_is_chunked_embedded_and_indexed(workspace, ingest):
     assert [c.ordinal for c in chunks] == list(range(len(chunks)))
     assert all(len(c.content) <= 300 and c.workspace_id == workspace.pk for c in chunks)
     assert source.token_count == sum(c.token_count for c in chunks)
-    assert source.embedding_model == "offline-hash-v1" and source.embedding_tokens > 0
+    assert source.embedding_model == "offline-hash-v2" and source.embedding_tokens > 0
     expected = OfflineEmbeddingProvider(dimensions=384).embed_query(chunks[3].content)
     assert np.allclose(np.asarray(chunks[3].embedding), expected, atol=1e-6)
     assert not KnowledgeChunkStage.objects.exists()  # the stage is emptied by the swap
@@ -197,14 +197,14 @@ def test_reembed_after_the_model_changed(workspace, ingest, settings):
     source, _ = services.source_create_text(workspace=workspace, text=TEXT, chunk_size=400)
     source, _ = ingest(source)
     contents = list(source.chunks.order_by("ordinal").values_list("content", flat=True))
-    settings.EMBEDDING_MODEL = "offline-hash-v2"
+    settings.EMBEDDING_MODEL = "offline-hash-v1"
     assert source.needs_reembed
     assert list(KnowledgeSource.objects.stale()) == [source]
     runs = services.workspace_reembed(workspace=workspace)
     assert len(runs) == 1
     source, run = ingest(source)
     assert decode(run.output)["status"] == "indexed"
-    assert source.embedding_model == "offline-hash-v2" and not source.needs_reembed
+    assert source.embedding_model == "offline-hash-v1" and not source.needs_reembed
     assert list(source.chunks.order_by("ordinal").values_list("content", flat=True)) == contents
 
 

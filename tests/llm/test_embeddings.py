@@ -141,3 +141,23 @@ def test_openai_provider_from_settings_uses_the_base_url(settings, openai_server
     assert provider.name == "openai"
     assert provider.embed_query("hello").shape == (384,)
     assert openai_server.requests[-1]["headers"]["authorization"] == "Bearer sk-settings"
+
+
+def test_offline_v2_vector_of_a_text_does_not_depend_on_its_batch():
+    provider = OfflineEmbeddingProvider(dimensions=128)
+    texts = ["Durable workflows survive crashes.", "", "!!!", "the of and", "Ünïcödé wörds\u00a0and\ttabs, again"]
+    together = provider.embed(texts).vectors
+    for i, text in enumerate(texts):
+        assert np.array_equal(provider.embed([text]).vectors[0], together[i])
+    # whitespace of any kind and punctuation separate words alike
+    a, b = provider.embed(["hello,  world\u00a0again", "Hello world again"]).vectors
+    assert np.allclose(a, b)
+
+
+def test_offline_v1_is_kept_for_stored_vectors_and_differs_from_v2():
+    v1 = OfflineEmbeddingProvider(dimensions=64, model="offline-hash-v1").embed(["durable workflows"]).vectors
+    v2 = OfflineEmbeddingProvider(dimensions=64).embed(["durable workflows"]).vectors
+    assert OfflineEmbeddingProvider(dimensions=64).model == "offline-hash-v2"
+    assert not np.allclose(v1, v2)
+    assert np.array_equal(v1, OfflineEmbeddingProvider(dimensions=64, model="offline-hash-v1")
+                          .embed(["durable workflows"]).vectors)

@@ -42,16 +42,34 @@ class Command(BaseCommand):
             "the Celery workers.")
 
     def add_arguments(self, parser):
-        parser.add_argument("targets", nargs="+", metavar="PATH_OR_URL")
-        parser.add_argument("--workspace", metavar="SLUG", required=True)
+        parser.add_argument("targets", nargs="*", metavar="PATH_OR_URL")
+        parser.add_argument("--workspace", metavar="SLUG")
         parser.add_argument("--title", default="", help="Title of the source (only with a single target).")
         parser.add_argument("--chunk-size", type=int, default=None)
         parser.add_argument("--chunk-overlap", type=int, default=None)
         parser.add_argument("--force", action="store_true", help="Ingest again even when the content is unchanged.")
         parser.add_argument("--background", action="store_true", help="Start the runs and return at once.")
+        parser.add_argument("--bulk", action="store_true",
+                            help="Bulk import: drop the chunk table's global full-text (GIN) and vector (HNSW) "
+                                 "indexes, ingest, then build them once. Much faster for large loads, but while it "
+                                 "runs full-text and unfiltered vector searches of every workspace scan the whole "
+                                 "table: for an initial import or a maintenance window. Not with --background.")
+        parser.add_argument("--restore-indexes", action="store_true",
+                            help="Only recreate the chunk indexes an interrupted --bulk left missing, then exit.")
 
     def handle(self, *args, targets, workspace, title="", chunk_size=None, chunk_overlap=None, force=False,
-               background=False, **options):
+               background=False, bulk=False, restore_indexes=False, **options):
+        if restore_indexes:
+            from knowledge.bulk import restore_indexes as restore
+
+            built = restore()
+            self.stdout.write(", ".join(f"built {name} in {seconds:.1f}s" for name, seconds in built.items())
+                              or "no index was missing")
+            return
+        if not targets or not workspace:
+            raise CommandError("give one or more PATH_OR_URL and --workspace SLUG")
+        if bulk and background:
+            raise CommandError("--bulk drives the runs in this process: it cannot be combined with --background")
         ws = Workspace.objects.filter(slug=workspace).first()
         if ws is None:
             raise CommandError(f"No workspace with the slug {workspace!r}.")
@@ -89,7 +107,16 @@ class Command(BaseCommand):
             if failures:
                 raise CommandError(f"{failures} target(s) could not be ingested")
             return
-        failures += self._drive(sources)
+        if bulk:
+            from knowledge.bulk import deferred_indexes
+
+            self.stdout.write("bulk mode: the global full-text and vector indexes are rebuilt at the end")
+            with deferred_indexes() as report:
+                failures += self._drive(sources)
+            self.stdout.write(f"indexes rebuilt: full text {report['gin_seconds']:.1f}s, "
+                              f"vector {report['hnsw_seconds']:.1f}s")
+        else:
+            failures += self._drive(sources)
         if failures:
             raise CommandError(f"{failures} target(s) could not be ingested")
 
