@@ -77,16 +77,11 @@ class KnowledgeSourceAdmin(admin.ModelAdmin):
             obj.save(update_fields=["title"])
             return
         data = form.cleaned_data
-        common = {"workspace": data["workspace"], "title": data.get("title", ""), "created_by": request.user,
-                  "chunk_size": data.get("chunk_size"), "chunk_overlap": data.get("chunk_overlap")}
         try:
-            if data.get("text"):
-                source, created = services.source_create_text(text=data["text"], **common)
-            elif data.get("url"):
-                source, created = services.source_create_url(url=data["url"], **common)
-            else:
-                upload = data["upload"]
-                source, created = services.source_create_file(name=upload.name, data=upload.read(), **common)
+            source, created = services.source_create(
+                workspace=data["workspace"], text=data.get("text") or "", url=data.get("url") or "",
+                upload=data.get("upload"), title=data.get("title", ""), created_by=request.user,
+                chunk_size=data.get("chunk_size"), chunk_overlap=data.get("chunk_overlap"))
         except services.KnowledgeError as exc:
             self.message_user(request, f"Not created: {exc}", messages.ERROR)
             source, created = None, False

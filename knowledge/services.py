@@ -55,6 +55,22 @@ def _chunking(chunk_size: int | None, chunk_overlap: int | None) -> None:
 
 
 @transaction.atomic
+def source_create(*, workspace, text: str = "", url: str = "", upload=None, title: str = "", created_by=None,
+                  chunk_size: int | None = None, chunk_overlap: int | None = None) -> tuple[KnowledgeSource, bool]:
+    """A source from whichever of `text`, `url` or `upload` (an uploaded file) is given, in that order
+    of preference; the shared entry point of the API and the admin. Returns (source, created)."""
+    common = {"workspace": workspace, "title": title, "created_by": created_by, "chunk_size": chunk_size,
+              "chunk_overlap": chunk_overlap}
+    if text:
+        return source_create_text(text=text, **common)
+    if url:
+        return source_create_url(url=url, **common)
+    if upload is None:
+        raise KnowledgeError("Give one of text, url or a file.")
+    return source_create_file(name=upload.name, data=upload.read(),
+                              content_type=getattr(upload, "content_type", "") or "", **common)
+
+
 def source_create_text(*, workspace, text: str, title: str = "", created_by=None, chunk_size: int | None = None,
                        chunk_overlap: int | None = None) -> tuple[KnowledgeSource, bool]:
     """A source from text, ingested in the background. Returns (source, created): the same text

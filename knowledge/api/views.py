@@ -75,18 +75,11 @@ class KnowledgeSourceViewSet(WorkspaceScopedMixin, mixins.CreateModelMixin, mixi
         data = serializer.validated_data
         workspace = data["workspace"]
         self.check_write_role(workspace)
-        common = {"workspace": workspace, "title": data.get("title", ""), "created_by": request.user,
-                  "chunk_size": data.get("chunk_size"), "chunk_overlap": data.get("chunk_overlap")}
         try:
-            if data.get("text"):
-                source, created = services.source_create_text(text=data["text"], **common)
-            elif data.get("url"):
-                source, created = services.source_create_url(url=data["url"], **common)
-            else:
-                upload = data["file"]
-                source, created = services.source_create_file(
-                    name=upload.name, data=upload.read(), content_type=getattr(upload, "content_type", "") or "",
-                    **common)
+            source, created = services.source_create(
+                workspace=workspace, text=data.get("text") or "", url=data.get("url") or "", upload=data.get("file"),
+                title=data.get("title", ""), created_by=request.user, chunk_size=data.get("chunk_size"),
+                chunk_overlap=data.get("chunk_overlap"))
         except services.KnowledgeError as exc:
             raise _invalid(exc) from None
         source = self.get_queryset().get(pk=source.pk)
