@@ -141,3 +141,11 @@ def test_openapi_schema_and_docs(api_as, owner):
     assert schema.status_code == 200
     assert "/api/workspaces/" in schema.json()["paths"]
     assert client.get("/api/docs/").status_code == 200
+
+
+def test_an_oversized_body_is_a_json_413(api_as, owner, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024
+    response = api_as(owner).post("/api/workspaces/", {"name": "x" * 5000}, format="json")
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "too_large"
+    assert "file upload" in response.json()["error"]["message"]

@@ -5,12 +5,15 @@
 
 `fields` appears for validation errors and names every offending field; `message` is
 always a readable sentence. Database integrity errors that slip past validation become 409,
-and Django validation errors 400, so a client never sees a 500 for bad input.
+Django validation errors 400, and an oversized body 413, so a client never sees a 500 (or an
+HTML page) for bad input.
 """
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError
 from django.http import Http404
@@ -41,13 +44,18 @@ def exception_handler(exc, context):
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages})
     elif isinstance(exc, IntegrityError):
-        exc = exceptions.APIException(detail="The request conflicts with existing data.")
+        exc = exceptions.APIException(detail="The request conflicts with existing data.", code="conflict")
         exc.status_code = status.HTTP_409_CONFLICT
-        exc.default_code = "conflict"
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
+    elif isinstance(exc, RequestDataTooBig):
+        limit_mb = settings.DATA_UPLOAD_MAX_MEMORY_SIZE / (1024 * 1024)
+        exc = exceptions.APIException(
+            detail=f"The request body is larger than {limit_mb:.1f} MB; send large content as a file upload.",
+            code="too_large")
+        exc.status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
 
     response = drf_exception_handler(exc, context)
     if response is None:
