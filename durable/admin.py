@@ -310,9 +310,10 @@ class BufferedSignalAdmin(ReadOnlyAdmin):
 
 @admin.register(BufferedEvent)
 class BufferedEventAdmin(ReadOnlyAdmin):
-    list_display = ("id", "name", "created_at", "expires_at")
+    list_display = ("id", "namespace", "name", "created_at", "expires_at")
+    list_filter = ("namespace",)
     search_fields = ("=name",)
-    fields = ("name", "payload_pretty", "created_at", "expires_at")
+    fields = ("namespace", "name", "payload_pretty", "created_at", "expires_at")
     readonly_fields = fields
     show_full_result_count = False
     paginator = EstimatedCountPaginator

@@ -620,21 +620,22 @@ class Context:
         raise Suspend(deadline)
 
     def wait_for_event(self, name: str, match: dict | None = None, timeout: float | None = None, default=None):
-        """Wait for an event `name` whose payload contains `match` (JSON containment) and return the
-        payload. An event published earlier with no waiter is buffered (until its TTL) and taken here."""
+        """Wait for an event `name` of this run's namespace whose payload contains `match` (JSON
+        containment) and return the payload. An event published earlier with no waiter is buffered
+        (until its TTL) and taken here."""
         match = match or {}
         seq, checkpoint = self._next(name, "event")
         if checkpoint is not None:
             return self._resolve_wait(seq, checkpoint, default)
         deadline = _now() + timedelta(seconds=timeout) if timeout is not None else None
         with transaction.atomic():
-            _lock_event(name)
+            _lock_event(self.namespace, name)
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"DELETE FROM {EVENT_TABLE} WHERE id = (SELECT id FROM {EVENT_TABLE} "
-                    "WHERE name = %s AND payload @> %s::jsonb AND expires_at > statement_timestamp() ORDER BY created_at, id "
-                    "LIMIT 1 FOR UPDATE) RETURNING payload",
-                    [name, json.dumps(match)],
+                    "WHERE namespace = %s AND name = %s AND payload @> %s::jsonb AND expires_at > statement_timestamp() "
+                    "ORDER BY created_at, id LIMIT 1 FOR UPDATE) RETURNING payload",
+                    [self.namespace, name, json.dumps(match)],
                 )
                 buffered = cursor.fetchone()
             if buffered is not None:
@@ -666,7 +667,7 @@ class Context:
                 if checkpoint.kind == "signal":
                     _lock_signal(self.run_id, checkpoint.name)
                 else:
-                    _lock_event(checkpoint.name)
+                    _lock_event(self.namespace, checkpoint.name)
                 if not self._settle_pending(seq, "completed", output={"timed_out": True}):
                     # the signal won the race: read what it delivered
                     raise Suspend()
@@ -777,9 +778,10 @@ def _lock_signal(run_id: str, name: str) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"durable:signal:{run_id}:{name}"])
 
 
-def _lock_event(name: str) -> None:
+def _lock_event(namespace: str, name: str) -> None:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"durable:event:{name}"])
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                       [f"durable:event:{namespace}:{name}"])
 
 
 def upsert_attributes(run_id: str, attributes: dict) -> None:

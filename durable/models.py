@@ -199,8 +199,9 @@ class BufferedSignal(models.Model):
         return f"{self.name} for {self.run_id}"
 
 class BufferedEvent(models.Model):
-    """An event published while no run waited for it; kept until its TTL prunes it."""
+    """An event published while no run of its namespace waited for it; kept until its TTL prunes it."""
 
+    namespace = models.CharField(max_length=100, default="default")
     name = models.CharField(max_length=255)
     payload = models.JSONField(default=dict)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -208,8 +209,8 @@ class BufferedEvent(models.Model):
 
     class Meta:
         indexes = [
-            # a wait's look-up of an earlier event by name
-            models.Index(fields=["name", "created_at"], name="durable_buffered_event_name"),
+            # a wait's look-up of an earlier event of its namespace by name
+            models.Index(fields=["namespace", "name", "created_at"], name="durable_buffered_event_name"),
             # the TTL prune
             models.Index(fields=["expires_at"], name="durable_buffered_event_expiry"),
         ]

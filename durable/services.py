@@ -89,17 +89,22 @@ def signal_send(*, run_id: str, name: str, payload=None) -> str:
     return "buffered"
 
 
-def event_publish(*, name: str, payload: dict | None = None) -> int:
-    """Publish an event to every run waiting for it whose match the payload contains.
-    With no such waiter the event is buffered until the TTL prunes it. Returns runs reached."""
+def event_publish(*, name: str, payload: dict | None = None, namespace: str = "default") -> int:
+    """Publish an event to every run of `namespace` waiting for it whose match the payload contains.
+    With no such waiter the event is buffered until the TTL prunes it. Returns runs reached.
+    Events never cross namespaces: a workspace's runs only hear that workspace's events."""
     payload = payload or {}
+    if not isinstance(payload, dict):
+        raise ValueError("an event payload is a JSON object")
     text = json.dumps(payload, default=str)
     with transaction.atomic():
-        engine._lock_event(name)
+        engine._lock_event(namespace, name)
         with connection.cursor() as cursor:
             cursor.execute(
-                f"DELETE FROM {engine.WAITER_TABLE} WHERE kind = 'event' AND key = %s AND %s::jsonb @> match "
-                "RETURNING run_id, seq", [name, text],
+                f"DELETE FROM {engine.WAITER_TABLE} AS w USING {engine.RUN_TABLE} AS r "
+                "WHERE w.run_id = r.id AND r.namespace = %s AND w.kind = 'event' AND w.key = %s "
+                "AND %s::jsonb @> w.match RETURNING w.run_id, w.seq",
+                [namespace, name, text],
             )
             waiters = cursor.fetchall()
             reached = 0
@@ -114,7 +119,7 @@ def event_publish(*, name: str, payload: dict | None = None) -> int:
                     engine.wake_run(run_id)
         if not reached:
             BufferedEvent.objects.create(
-                name=name, payload=payload,
+                namespace=namespace, name=name, payload=payload,
                 expires_at=timezone.now() + timedelta(seconds=durable_settings().event_ttl_seconds),
             )
     return reached

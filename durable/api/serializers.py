@@ -94,6 +94,18 @@ class SignalSerializer(serializers.Serializer):
     payload = serializers.JSONField(required=False, allow_null=True, default=None)
 
 
+class EventPublishSerializer(serializers.Serializer):
+    workspace = WorkspaceField(help_text="The event reaches runs of this workspace only.")
+    name = serializers.CharField(max_length=255)
+    payload = serializers.DictField(required=False, default=dict,
+                                    help_text="A JSON object; waiters whose match it contains receive it.")
+
+
+class EventResultSerializer(serializers.Serializer):
+    reached = serializers.IntegerField(help_text="Runs that were waiting for this event and received it.")
+    buffered = serializers.BooleanField(help_text="No run was waiting: the event is kept until its TTL.")
+
+
 class SignalResultSerializer(serializers.Serializer):
     result = serializers.ChoiceField(choices=["delivered", "buffered"])
 

@@ -1,6 +1,6 @@
 """Durable runs and schedules over HTTP, scoped by namespace: a workspace's runs live in its
 namespace ``ws-<pk>`` and a caller sees only the namespaces of their workspaces (anything else
-is a 404). Event publishing is deliberately absent: event names are global across namespaces."""
+is a 404). Events are published into one workspace's namespace and never reach another's runs."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from durable.api.filters import RunFilter, ScheduleFilter
 from durable.api.serializers import (
     BulkResultSerializer,
     CancelSerializer,
+    EventPublishSerializer,
+    EventResultSerializer,
     FacetsSerializer,
     FanStatsSerializer,
     RetrySerializer,
@@ -342,3 +344,22 @@ class ScheduleViewSet(NamespaceScopedMixin, mixins.CreateModelMixin, mixins.Upda
         self.check_write_role(self.workspace_of(schedule))
         schedule = self._save(schedule, schedule.namespace, {"paused": paused})
         return Response(ScheduleSerializer(schedule, context=self.get_serializer_context()).data)
+
+
+class EventViewSet(NamespaceScopedMixin, viewsets.GenericViewSet):
+    """Publish an event to the runs of one of your workspaces that wait for it (`ctx.wait_for_event`).
+    Events never cross workspaces; with no waiter the event is buffered until its TTL."""
+
+    serializer_class = EventPublishSerializer
+    queryset = DurableRun.objects.none()
+
+    @extend_schema(summary="Publish an event", request=EventPublishSerializer,
+                   responses={202: EventResultSerializer})
+    def create(self, request):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        workspace = data["workspace"]
+        self.check_write_role(workspace)
+        reached = services.event_publish(name=data["name"], payload=data["payload"], namespace=workspace.namespace)
+        return Response({"reached": reached, "buffered": reached == 0}, status=status.HTTP_202_ACCEPTED)

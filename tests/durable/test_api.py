@@ -413,7 +413,29 @@ def test_schema_documents_the_durable_api_without_warnings(api_as, owner):
                  "/api/durable/runs/{id}/fan-stats/", "/api/durable/runs/{id}/signal/",
                  "/api/durable/runs/bulk-retry/", "/api/durable/schedules/{id}/pause/"]:
         assert path in paths, path
-    assert not any("event" in path for path in paths if path.startswith("/api/durable/"))
+    assert "post" in paths["/api/durable/events/"]  # events are published into one workspace
     assert {p["name"] for p in paths["/api/durable/runs/"]["get"]["parameters"]} >= {"workflow", "status", "tag",
                                                                                      "attr", "cursor"}
     assert api_as(owner).get("/api/schema/").status_code == 200
+
+
+def test_publish_an_event_reaches_only_the_workspaces_runs(api_as, owner, outsider, workspace, other_workspace):
+    ours = run_until_settled(run_start(workflow="tests.event", input={"order": 5}, namespace=workspace.namespace).id)
+    theirs = run_until_settled(run_start(workflow="tests.event", input={"order": 5},
+                                         namespace=other_workspace.namespace).id)
+    response = api_as(owner).post("/api/durable/events/", {"workspace": workspace.pk, "name": "order.paid",
+                                                           "payload": {"order": 5}}, format="json")
+    assert response.status_code == 202
+    assert response.json() == {"reached": 1, "buffered": False}
+    assert run_until_settled(ours.id).status == "completed"
+    assert run_until_settled(theirs.id).status == "suspended"
+    # an outsider cannot publish into a workspace they do not belong to
+    refused = api_as(outsider).post("/api/durable/events/", {"workspace": workspace.pk, "name": "order.paid",
+                                                             "payload": {"order": 5}}, format="json")
+    assert refused.status_code == 400 and "workspace" in refused.json()["error"]["fields"]
+
+
+def test_publish_validates_the_payload(api_as, owner, workspace):
+    response = api_as(owner).post("/api/durable/events/", {"workspace": workspace.pk, "name": "x", "payload": [1]},
+                                  format="json")
+    assert response.status_code == 400 and "payload" in response.json()["error"]["fields"]

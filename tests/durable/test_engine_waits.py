@@ -87,3 +87,16 @@ def test_a_wake_during_a_turn_is_not_lost():
     # ...and the turn sees the flag when it releases the run, so it asks for the next turn itself
     result = engine._release(run.id, "someone-else", None, 0)
     assert result.redispatched is True
+
+
+def test_events_never_cross_namespaces():
+    ours = run_until_settled(run_start(workflow="tests.event", input={"order": 7}, namespace="ws-1").id)
+    theirs = run_until_settled(run_start(workflow="tests.event", input={"order": 7}, namespace="ws-2").id)
+    assert event_publish(name="order.paid", payload={"order": 7}, namespace="ws-2") == 1
+    assert run_until_settled(theirs.id).status == "completed"
+    assert run_until_settled(ours.id).status == "suspended"
+    # a buffered event of one namespace is not taken by a run of another
+    assert event_publish(name="order.shipped", payload={"order": 8}, namespace="ws-2") == 0
+    late = run_until_settled(run_start(workflow="tests.event_shipped", input={"order": 8}, namespace="ws-1").id)
+    assert late.status == "suspended"
+    assert BufferedEvent.objects.get(name="order.shipped").namespace == "ws-2"

@@ -164,3 +164,8 @@ def checked(fail):
 def maybe_fail(ctx, input):
     """Fails while its input says so: retry with new input makes it pass (read-side and API tests)."""
     return {"ok": ctx.step("check", checked, input.get("fail", False))}
+
+
+@workflow("tests.event_shipped")
+def event_shipped(ctx, input):
+    return ctx.wait_for_event("order.shipped", match={"order": input["order"]})
