@@ -18,6 +18,7 @@ When DATABASE_URL / REDIS_URL are already set, the matching service is not start
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import fcntl
 import json
@@ -70,6 +71,7 @@ class EmbeddedPostgres:
         # cleanup_mode=None: the supervisor owns the server's lifetime (see stop()), not pgserver's
         # per-process reference count, which a killed process would leave inflated forever.
         server = pgserver.get_server(self.datadir, cleanup_mode=None)
+        atexit.unregister(server._cleanup)  # its exit hook only logs (to a stream that may be closed by then)
         self._reset_handle_list()
         self._started_here = True
         if reused:

@@ -275,3 +275,11 @@ def test_a_schedule_key_of_another_namespace_is_refused():
         schedule_save(key="nightly-a", workflow="tests.sequence", every_seconds=60, namespace="ws-2")
     assert "key" in error.value.message_dict
     assert Schedule.objects.get(key="nightly-a").namespace == "ws-1"
+
+
+def test_cancel_with_compensation_starts_the_compensating_workflow():
+    run = run_until_settled(run_start(workflow="tests.compensated", input={"order": 9}).id)
+    assert run_cancel(run_id=run.id, compensate=True)
+    undo = run_until_settled(f"{run.id}:compensate")
+    assert undo.status == "completed"
+    assert decode(undo.output) == {"undid": run.id, "original_input": {"order": 9}}

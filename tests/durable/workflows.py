@@ -169,3 +169,13 @@ def maybe_fail(ctx, input):
 @workflow("tests.event_shipped")
 def event_shipped(ctx, input):
     return ctx.wait_for_event("order.shipped", match={"order": input["order"]})
+
+
+@workflow("tests.undo")
+def undo(ctx, input):
+    return {"undid": input["run_id"], "original_input": input["input"]}
+
+
+@workflow("tests.compensated", compensation="tests.undo")
+def compensated(ctx, input):
+    return ctx.wait_for_signal("go")
