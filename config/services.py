@@ -39,7 +39,8 @@ DATABASE_NAME = "lineage"
 
 
 def _say(message: str) -> None:
-    print(f"[lineage] {message}", flush=True)
+    # stderr, so a command's own output (dumpdata, a CSV export) stays clean on stdout
+    print(f"[lineage] {message}", file=sys.stderr, flush=True)
 
 
 class ServiceError(RuntimeError):

@@ -74,8 +74,8 @@ TEMPLATES = [
 DATABASE_URL = env_url("DATABASE_URL", None, schemes=("postgres", "postgresql", "pgsql"))
 if DATABASE_URL is None:
     raise ImproperlyConfigured(
-        "DATABASE_URL is not set. `make run` and `make test` start an embedded Postgres and set it; "
-        "to run manage.py by hand use `make manage ARGS='...'` or set DATABASE_URL=postgres://user:pass@host/db."
+        "DATABASE_URL is not set. `make run`, `make test` and `python manage.py ...` start an embedded Postgres "
+        "and set it; otherwise set DATABASE_URL=postgres://user:pass@host/db."
     )
 DATABASES = {
     "default": dj_database_url.parse(

@@ -80,3 +80,16 @@ def test_production_settings_pass_check_deploy():
         env=environment, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_manage_py_without_a_database_url_joins_the_running_services():
+    """With no DATABASE_URL, manage.py runs under the embedded services of its data directory; here the
+    supervisor running this test suite holds that directory, so the command joins its services."""
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG"}}
+    assert environment["LINEAGE_DATA_DIR"]  # set by the supervisor of `make test`
+    result = subprocess.run([sys.executable, "manage.py", "check", "--database", "default"], cwd=BASE_DIR,
+                            env=environment, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "System check identified no issues" in result.stdout
+    assert "[lineage]" not in result.stdout + result.stderr  # joined: nothing was started or stopped
