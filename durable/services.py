@@ -148,7 +148,7 @@ def run_cancel(*, run_id: str, reason: str = "cancelled by an operator", compens
                 f"UPDATE {engine.RUN_TABLE} SET status = 'cancelled', error = %s, ended_at = statement_timestamp(), "
                 "locked_by = '', locked_until = NULL, wake_at = NULL, wake_pending = false, updated_at = statement_timestamp() "
                 "WHERE id = %s AND status IN ('pending', 'running', 'suspended') "
-                "RETURNING parent_id, parent_seq, workflow, input",
+                "RETURNING parent_id, parent_seq, workflow, input, namespace, tags",
                 [encode({"type": "Cancelled", "message": reason}), run_id],
             )
             row = cursor.fetchone()
@@ -164,7 +164,7 @@ def run_cancel(*, run_id: str, reason: str = "cancelled by an operator", compens
                 )
             cursor.execute(f"DELETE FROM {engine.WAITER_TABLE} WHERE run_id = ANY(%s)",
                            [[run_id, *descendants]])
-        parent_id, parent_seq, workflow, input_text = row
+        parent_id, parent_seq, workflow, input_text, namespace, tags = row
         if parent_id:
             engine.notify_parent(parent_id, parent_seq, "cancelled", child_id=run_id,
                                  error={"type": "Cancelled", "message": reason})
@@ -174,6 +174,7 @@ def run_cancel(*, run_id: str, reason: str = "cancelled by an operator", compens
                 from durable.codec import decode
 
                 engine.create_run(run_id=f"{run_id}:compensate", workflow=definition.compensation,
+                                  namespace=namespace, tags=[*(tags or []), "compensation"],
                                   input={"run_id": run_id, "input": decode(input_text, column="run.input",
                                                                            row=run_id)})
     return True

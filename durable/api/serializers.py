@@ -112,6 +112,8 @@ class SignalResultSerializer(serializers.Serializer):
 
 class CancelSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=500, required=False, default="cancelled by an operator")
+    compensate = serializers.BooleanField(required=False, default=False,
+                                          help_text="Also start the workflow's registered compensation workflow.")
 
 
 class RetrySerializer(serializers.Serializer):

@@ -216,7 +216,8 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
         run = self._writable_run(pk)
         serializer = CancelSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        if not services.run_cancel(run_id=run.pk, reason=serializer.validated_data["reason"]):
+        if not services.run_cancel(run_id=run.pk, reason=serializer.validated_data["reason"],
+                                   compensate=serializer.validated_data["compensate"]):
             raise Conflict(f"Run {run.pk} is {self._status(run.pk)}; only pending, running or suspended runs "
                            "can be cancelled.")
         return Response(RunSerializer(self.get_queryset().get(pk=run.pk)).data)

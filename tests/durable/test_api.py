@@ -439,3 +439,12 @@ def test_publish_validates_the_payload(api_as, owner, workspace):
     response = api_as(owner).post("/api/durable/events/", {"workspace": workspace.pk, "name": "x", "payload": [1]},
                                   format="json")
     assert response.status_code == 400 and "payload" in response.json()["error"]["fields"]
+
+
+def test_cancel_with_compensation(api_as, owner, workspace):
+    run = run_until_settled(run_start(workflow="tests.compensated", input={"order": 1},
+                                      namespace=workspace.namespace).id)
+    response = api_as(owner).post(f"{RUNS}{run.id}/cancel/", {"compensate": True}, format="json")
+    assert response.status_code == 200 and response.json()["status"] == "cancelled"
+    undo = DurableRun.objects.get(pk=f"{run.id}:compensate")
+    assert undo.workflow == "tests.undo" and undo.namespace == workspace.namespace  # visible to the same workspace

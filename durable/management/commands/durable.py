@@ -87,6 +87,8 @@ class Command(BaseCommand):
         cancel = sub.add_parser("cancel", help="Cancel an active run and its active descendants.")
         cancel.add_argument("run_id")
         cancel.add_argument("--reason", default="cancelled from the command line")
+        cancel.add_argument("--compensate", action="store_true",
+                            help="also start the workflow's registered compensation workflow")
 
         retry = sub.add_parser("retry", help="Retry a failed, cancelled or dead run.")
         retry.add_argument("run_id")
@@ -198,9 +200,9 @@ class Command(BaseCommand):
             raise CommandError(f"No run {run_id!r}.")
         return status
 
-    def do_cancel(self, *, run_id, reason, **_):
+    def do_cancel(self, *, run_id, reason, compensate=False, **_):
         status = self._status(run_id)
-        if not services.run_cancel(run_id=run_id, reason=reason):
+        if not services.run_cancel(run_id=run_id, reason=reason, compensate=compensate):
             raise CommandError(f"Run {run_id} is {status}; only pending, running or suspended runs can be cancelled.")
         self._out(f"cancelled {run_id}")
 
