@@ -1,3 +1,4 @@
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -31,7 +32,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.postgres",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
     "django_filters",
     "drf_spectacular",
     "config.apps.ConfigAppConfig",
@@ -129,8 +130,9 @@ if REDIS_URL is None:
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        # the token class first, so an unauthenticated request gets 401 with a WWW-Authenticate header
+        "knox.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "workspaces.api.pagination.IdCursorPagination",
@@ -140,6 +142,13 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "workspaces.api.errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": {},
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+
+# API tokens are stored as hashes (knox), expire, and can be revoked one by one or all at once.
+REST_KNOX = {
+    "TOKEN_TTL": timedelta(days=env_int("API_TOKEN_TTL_DAYS", 30, minimum=1)),
+    "AUTO_REFRESH": True,
+    "AUTH_HEADER_PREFIX": "Token",
 }
 
 SPECTACULAR_SETTINGS = {

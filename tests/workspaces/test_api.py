@@ -129,10 +129,24 @@ def test_list_query_count_is_the_same_for_1_and_50_rows(api_as, owner, url):
 
 
 def test_token_authentication(api, owner):
+    from knox.models import AuthToken
+
     response = api.post("/api/auth/token/", {"username": "owner", "password": "correct horse battery staple"})
     assert response.status_code == 200
-    api.credentials(HTTP_AUTHORIZATION=f"Token {response.json()['token']}")
+    token = response.json()["token"]
+    assert response.json()["expiry"]
+    stored = AuthToken.objects.get(user=owner)
+    assert token not in (stored.digest, stored.token_key)  # only a hash and a short lookup prefix are kept
+    api.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     assert api.get("/api/workspaces/").status_code == 200
+    assert api.post("/api/auth/logout/").status_code == 204
+    assert api.get("/api/workspaces/").status_code == 401
+
+
+def test_wrong_password_gets_no_token(api, owner):
+    response = api.post("/api/auth/token/", {"username": "owner", "password": "wrong"})
+    assert response.status_code == 400
+    assert "Unable to log in" in response.json()["error"]["message"]
 
 
 def test_openapi_schema_and_docs(api_as, owner):

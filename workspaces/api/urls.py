@@ -1,7 +1,7 @@
 from django.urls import path
-from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
+from workspaces.api.auth import TokenLoginView, TokenLogoutAllView, TokenLogoutView
 from workspaces.api.views import MembershipViewSet, WorkspaceViewSet
 
 router = DefaultRouter()
@@ -9,6 +9,8 @@ router.register("workspaces", WorkspaceViewSet, basename="workspace")
 router.register("memberships", MembershipViewSet, basename="membership")
 
 urlpatterns = [
-    path("auth/token/", obtain_auth_token, name="api-token"),
+    path("auth/token/", TokenLoginView.as_view(), name="api-token"),
+    path("auth/logout/", TokenLogoutView.as_view(), name="api-logout"),
+    path("auth/logout-all/", TokenLogoutAllView.as_view(), name="api-logout-all"),
     *router.urls,
 ]
