@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from config.views import healthz
@@ -11,6 +12,7 @@ api_patterns = [
 ]
 
 urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="admin:index"), name="home"),
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/", include(api_patterns)),

@@ -1,6 +1,7 @@
 """Shared fixtures: three fixed users for permission tests (owner, member, outsider)."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
@@ -69,3 +70,24 @@ def api_as(api):
         return api
 
     return login
+
+
+@pytest.fixture
+def browser_page(monkeypatch):
+    """A page in Debian's Chromium driven by Playwright (skipped, with the reason, where it is absent).
+    Request it after any fixture that writes data: Playwright's sync API runs an event loop in this
+    thread, and ORM calls made inside it open connections of their own."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (apt-get install chromium)")
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        try:
+            yield browser.new_page()
+        finally:
+            browser.close()

@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "knox",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "config.apps.ConfigAppConfig",
     "workspaces",
     "durable",
@@ -158,6 +159,9 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # Production hardening: on whenever DEBUG is off, so `manage.py check --deploy` passes.

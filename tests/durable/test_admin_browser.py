@@ -31,20 +31,8 @@ def finished_run(transactional_db):
 
 
 @pytest.fixture
-def page(finished_run, monkeypatch):
-    # Playwright's sync API runs an event loop in this thread: Django must allow its ORM here
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        try:
-            yield browser.new_page()
-        finally:
-            browser.close()
+def page(finished_run, browser_page):
+    return browser_page
 
 
 def test_operator_sees_the_runs_and_a_run_timeline(live_server, finished_run, page):
