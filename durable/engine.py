@@ -31,7 +31,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC as TZ_UTC
 from datetime import datetime, timedelta
 
@@ -353,14 +353,13 @@ def _pending_row(run_id, seq, name, kind, *, input="", queue="", options=None, a
 class Context:
     """The API a workflow function uses. Every call is checkpointed and replayed deterministically."""
 
-    def __init__(self, *, run_id: str, workflow: str, namespace: str, priority: int, token: str,
+    def __init__(self, *, run_id: str, workflow: str, namespace: str, priority: int,
                  checkpoints: dict[int, _Checkpoint], tags: list[str]):
         self.run_id = run_id
         self.workflow = workflow
         self.namespace = namespace
         self.priority = priority
         self.tags = tags
-        self._token = token
         self._checkpoints = checkpoints
         self._seq = 0
         self._cursor: psycopg.Cursor | None = None
@@ -830,6 +829,19 @@ def create_run(*, run_id: str, workflow: str, input=None, namespace: str = "defa
     return created
 
 
+def descendant_run_ids(run_ids: list[str]) -> list[str]:
+    """Every child, grandchild, ... of the given runs, in one recursive query on the parent index."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""WITH RECURSIVE tree(id) AS (
+                    SELECT id FROM {RUN_TABLE} WHERE parent_id = ANY(%s)
+                    UNION ALL SELECT r.id FROM {RUN_TABLE} r JOIN tree ON r.parent_id = tree.id)
+                SELECT id FROM tree""",
+            [run_ids],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
 # --------------------------------------------------------------------------------------------- turns
 
 
@@ -866,7 +878,6 @@ class TurnResult:
     error: dict | None = None
     output: object = None
     redispatched: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 def execute_turn(run_id: str) -> TurnResult:
@@ -889,7 +900,7 @@ def execute_turn(run_id: str) -> TurnResult:
             definition = get_workflow(workflow_name)
         except UnknownWorkflow as exc:
             return _finish(run_id, token, "failed", error=error_payload(exc), has_parent=bool(parent_id))
-        ctx = Context(run_id=run_id, workflow=workflow_name, namespace=namespace, priority=priority, token=token,
+        ctx = Context(run_id=run_id, workflow=workflow_name, namespace=namespace, priority=priority,
                       checkpoints=checkpoints, tags=list(tags or []))
         ctx._cursor = cursor
         workflow_input = decode(input_text, column="run.input", row=run_id)
@@ -1014,7 +1025,6 @@ class _StepScope:
     seq: int
     attempt: int
     timeout: float | None
-    inline: bool = False
     last_persist: float = 0.0
 
 
@@ -1025,7 +1035,7 @@ def heartbeat(progress=None) -> None:
     """Report liveness (and optional JSON progress) from inside a step. Persisted at most every few
     seconds; each persisted heartbeat re-arms the step's timeout."""
     scope = _current_step.get()
-    if scope is None or scope.inline:
+    if scope is None:  # inline steps: the turn's lease keeper already vouches for liveness
         return
     interval = durable_settings().heartbeat_persist_seconds
     if scope.timeout:

@@ -15,17 +15,6 @@ from durable import engine
 from durable.models import DurableRun
 
 
-def _tree(run_id: str) -> list[str]:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""WITH RECURSIVE tree(id) AS (SELECT id FROM {engine.RUN_TABLE} WHERE id = %s
-                    UNION ALL SELECT r.id FROM {engine.RUN_TABLE} r JOIN tree ON r.parent_id = tree.id)
-                SELECT id FROM tree""",
-            [run_id],
-        )
-        return [row[0] for row in cursor.fetchall()]
-
-
 def _step_work(run_ids: list[str]) -> dict[str, list[int]]:
     """Queued steps ready to run: never attempted, or a retry that is due."""
     with connection.cursor() as cursor:
@@ -56,11 +45,10 @@ def run_until_settled(run_id: str, *, max_wait: float = 10.0, max_iterations: in
     world can deliver (a signal, an event, a timer further than `max_wait` seconds away)."""
     deadline = time.monotonic() + max_wait
     for _ in range(max_iterations):
-        run_ids = _tree(run_id)
+        run_ids = [run_id, *engine.descendant_run_ids([run_id])]
         progressed = False
-        for current in run_ids:
-            status, wake_pending, wake_at = DurableRun.objects.filter(pk=current).values_list(
-                "status", "wake_pending", "wake_at").get()
+        states = DurableRun.objects.filter(pk__in=run_ids).values_list("id", "status", "wake_pending", "wake_at")
+        for current, status, wake_pending, wake_at in states:
             if status in DurableRun.Status.ACTIVE and (
                 wake_pending or status == "pending" or (wake_at is not None and wake_at <= timezone.now())
             ):

@@ -29,7 +29,6 @@ class UnknownWorkflow(LookupError):
 class WorkflowDefinition:
     name: str
     fn: Callable
-    queue: str | None = None
     description: str = ""
     compensation: str | None = None
 
@@ -37,7 +36,7 @@ class WorkflowDefinition:
 _registry: dict[str, WorkflowDefinition] = {}
 
 
-def workflow(name: str | None = None, *, queue: str | None = None, compensation: str | None = None):
+def workflow(name: str | None = None, *, compensation: str | None = None):
     """Register `fn(ctx, input)` as a durable workflow under `name` (default: module.qualname).
 
     `compensation` names another registered workflow started when a run is cancelled with
@@ -50,7 +49,7 @@ def workflow(name: str | None = None, *, queue: str | None = None, compensation:
             fn.__module__, fn.__qualname__,
         ):
             raise ValueError(f"durable workflow {key!r} is already registered by {existing.fn.__module__}")
-        _registry[key] = WorkflowDefinition(name=key, fn=fn, queue=queue, description=(fn.__doc__ or "").strip(),
+        _registry[key] = WorkflowDefinition(name=key, fn=fn, description=(fn.__doc__ or "").strip(),
                                             compensation=compensation)
         fn.durable_name = key
         return fn

@@ -125,18 +125,6 @@ def event_publish(*, name: str, payload: dict | None = None, namespace: str = "d
     return reached
 
 
-def _descendants(run_ids: list[str]) -> list[str]:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""WITH RECURSIVE tree(id) AS (
-                    SELECT id FROM {engine.RUN_TABLE} WHERE parent_id = ANY(%s)
-                    UNION ALL SELECT r.id FROM {engine.RUN_TABLE} r JOIN tree ON r.parent_id = tree.id)
-                SELECT id FROM tree""",
-            [run_ids],
-        )
-        return [row[0] for row in cursor.fetchall()]
-
-
 def run_cancel(*, run_id: str, reason: str = "cancelled by an operator", compensate: bool = False) -> bool:
     """Cancel an active run and its active descendants. A compare-and-set on the status: a turn still
     running finds the run cancelled when it tries to finish and can never resurrect it.
@@ -154,7 +142,7 @@ def run_cancel(*, run_id: str, reason: str = "cancelled by an operator", compens
             row = cursor.fetchone()
             if row is None:
                 return False
-            descendants = _descendants([run_id])
+            descendants = engine.descendant_run_ids([run_id])
             if descendants:
                 cursor.execute(
                     f"UPDATE {engine.RUN_TABLE} SET status = 'cancelled', error = %s, ended_at = statement_timestamp(), "

@@ -15,7 +15,6 @@ class DurableSettings:
     fan_chunk: int
     heartbeat_persist_seconds: float
     retention_policies: tuple
-    retention_every_seconds: int
     default_step_queue: str
     turn_queue: str
 
@@ -30,7 +29,6 @@ def durable_settings() -> DurableSettings:
         fan_chunk=getattr(settings, "DURABLE_FAN_CHUNK", 100),
         heartbeat_persist_seconds=getattr(settings, "DURABLE_HEARTBEAT_PERSIST_SECONDS", 10.0),
         retention_policies=tuple(getattr(settings, "DURABLE_RETENTION_POLICIES", ())),
-        retention_every_seconds=getattr(settings, "DURABLE_RETENTION_EVERY_SECONDS", 60),
         default_step_queue=getattr(settings, "DURABLE_STEP_QUEUE", "steps"),
         turn_queue=getattr(settings, "DURABLE_TURN_QUEUE", "turns"),
     )
