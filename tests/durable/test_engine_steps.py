@@ -1,5 +1,6 @@
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from durable import engine
 from durable.codec import decode
@@ -63,7 +64,12 @@ def test_fan_failure_fails_the_run(mode):
 
 def test_fan_return_exceptions_puts_failures_in_place():
     run = run_until_settled(run_start(workflow="tests.fan_failing", input={"return_exceptions": True}).id)
-    # a StepFailed in the result list is not JSON: the run reports that clearly instead of crashing
+    assert run.status == "completed", run.error
+    assert decode(run.output) == [9, "StepFailed: nope"]
+
+
+def test_a_return_value_that_is_not_json_fails_the_run_clearly():
+    run = run_until_settled(run_start(workflow="tests.not_json", input={}).id)
     assert run.status == "failed"
     assert "not JSON-serialisable" in decode(run.error)["message"]
 
@@ -95,9 +101,13 @@ def test_settle_does_not_rewrite_the_input():
     run = run_start(workflow="tests.queued")
     engine.execute_turn(run.id)
     before = StepCheckpoint.objects.get(run_id=run.id, seq=0).input
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT xmin::text FROM durable_stepcheckpoint WHERE run_id = %s AND seq = 0", [run.id])
-    engine.execute_steps(run.id, [0])
+    with CaptureQueriesContext(connection) as captured:
+        engine.execute_steps(run.id, [0])
+    settles = [q["sql"] for q in captured if q["sql"].lstrip().startswith("UPDATE durable_stepcheckpoint AS cp")
+               and "v.status" in q["sql"]]
+    assert len(settles) == 1
+    set_clause = settles[0].split("FROM (VALUES")[0]
+    assert "input" not in set_clause  # the result lands without rewriting (or re-sending) the step's input
     assert StepCheckpoint.objects.get(run_id=run.id, seq=0).input == before
 
 

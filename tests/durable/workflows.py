@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 
 from durable import workflow
-from durable.engine import Child, Step, heartbeat
+from durable.engine import Child, Step, StepFailed, heartbeat
 
 CALLS: list = []
 
@@ -78,7 +78,9 @@ def fan(ctx, input):
 @workflow("tests.fan_failing")
 def fan_failing(ctx, input):
     items = [Step("ok", square, (3,)), Step("bad", boom, ("nope",))]
-    return ctx.all(items, mode=input.get("mode", "wait_all"), return_exceptions=input.get("return_exceptions", False))
+    results = ctx.all(items, mode=input.get("mode", "wait_all"),
+                      return_exceptions=input.get("return_exceptions", False))
+    return [f"{type(r).__name__}: {r.error['message']}" if isinstance(r, StepFailed) else r for r in results]
 
 
 @workflow("tests.signal")
@@ -179,3 +181,8 @@ def undo(ctx, input):
 @workflow("tests.compensated", compensation="tests.undo")
 def compensated(ctx, input):
     return ctx.wait_for_signal("go")
+
+
+@workflow("tests.not_json")
+def not_json(ctx, input):
+    return {"when": object()}
