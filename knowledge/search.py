@@ -304,8 +304,10 @@ def workspace_vector_index_sync(workspace_id: int) -> dict:
 
 
 def _sync_index(cursor, workspace_id: int, name: str, concurrently: str, threshold: int) -> tuple[str, int]:
-    cursor.execute(f"SELECT count(*) FROM {CHUNK_TABLE} WHERE workspace_id = %s", [workspace_id])
-    rows = cursor.fetchone()[0]
+    # the sources' chunk counts, kept by ingestion: a sum over a few sources, not a count over many chunks
+    cursor.execute(f"SELECT COALESCE(sum(chunk_count), 0) FROM {SOURCE_TABLE} WHERE workspace_id = %s",
+                   [workspace_id])
+    rows = int(cursor.fetchone()[0])
     cursor.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", [name])
     found = cursor.fetchone()
     exists, valid = found is not None, bool(found and found[0])

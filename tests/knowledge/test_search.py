@@ -207,7 +207,7 @@ def test_a_shrunken_workspace_loses_its_index(crowded, settings):
     settings.KNOWLEDGE_EXACT_SCAN_MAX_ROWS = 500
     _small, _sources, big, big_sources, _queries = crowded
     workspace_vector_index_sync(big.pk)
-    KnowledgeChunk.objects.filter(workspace=big).exclude(source=big_sources[0]).delete()
+    KnowledgeSource.objects.filter(workspace=big).exclude(pk=big_sources[0].pk).delete()  # as source_delete does
     assert workspace_vector_index_sync(big.pk)["action"] == "dropped"
     assert search.vector_plan(workspace_id=big.pk, source_ids=[big_sources[0].pk]) == ("exact", 200)
 
