@@ -14,7 +14,7 @@ def word_count(text: str) -> int:
     return len(text.split())
 
 
-@workflow("durable.demo.digest")
+@workflow("durable.demo.digest", api=True)
 def digest(ctx, input):
     """Checksum and count words of a few texts in parallel, pause, then summarise."""
     texts = input.get("texts") or ["durable runs survive crashes", "every step is checkpointed"]

@@ -31,16 +31,22 @@ class WorkflowDefinition:
     fn: Callable
     description: str = ""
     compensation: str | None = None
+    api: bool = False
 
 
 _registry: dict[str, WorkflowDefinition] = {}
 
 
-def workflow(name: str | None = None, *, compensation: str | None = None):
+def workflow(name: str | None = None, *, compensation: str | None = None, api: bool = False):
     """Register `fn(ctx, input)` as a durable workflow under `name` (default: module.qualname).
 
     `compensation` names another registered workflow started when a run is cancelled with
-    compensation; it receives {"run_id": ..., "input": ...}."""
+    compensation; it receives {"run_id": ..., "input": ...}.
+
+    `api=True` lets any member of a workspace start (and schedule) it through the API, with any
+    input they like. Leave it off for the platform's own workflows (ingestion, evaluations...),
+    which the platform starts itself with inputs it has checked. Either way, a workflow whose input
+    names a row (an id) must check that the row belongs to the run's workspace (`ctx.namespace`)."""
 
     def register(fn: Callable) -> Callable:
         key = name or f"{fn.__module__}.{fn.__qualname__}"
@@ -50,7 +56,7 @@ def workflow(name: str | None = None, *, compensation: str | None = None):
         ):
             raise ValueError(f"durable workflow {key!r} is already registered by {existing.fn.__module__}")
         _registry[key] = WorkflowDefinition(name=key, fn=fn, description=(fn.__doc__ or "").strip(),
-                                            compensation=compensation)
+                                            compensation=compensation, api=api)
         fn.durable_name = key
         return fn
 
@@ -64,8 +70,9 @@ def get_workflow(name: str) -> WorkflowDefinition:
         raise UnknownWorkflow(f"No durable workflow is registered as {name!r}.") from None
 
 
-def workflow_names() -> list[str]:
-    return sorted(_registry)
+def workflow_names(*, api: bool | None = None) -> list[str]:
+    """Registered names, sorted; `api=True` only those startable through the API."""
+    return sorted(name for name, definition in _registry.items() if api is None or definition.api == api)
 
 
 def resolve_callable(path: str) -> Callable:

@@ -27,10 +27,11 @@ from llm.usage import Usage
 INGEST_WORKFLOW = "knowledge.ingest_source"
 
 
-@workflow(INGEST_WORKFLOW)
+@workflow(INGEST_WORKFLOW)  # started by knowledge.services only, never through the runs API
 def ingest_source(ctx, input: dict) -> dict:
-    """Ingest (or, with mode "reembed", re-embed) one knowledge source.
-    Input: {"source_id": int, "mode": "ingest" | "reembed", "force": bool}."""
+    """Ingest (or, with mode "reembed", re-embed) one knowledge source of the run's workspace.
+    Input: {"source_id": int, "mode": "ingest" | "reembed", "force": bool}. A source of another
+    workspace fails the run and is left untouched."""
     source_id = int(input["source_id"])
     mode = input.get("mode", "ingest")
     conf = knowledge_settings()
@@ -38,7 +39,9 @@ def ingest_source(ctx, input: dict) -> dict:
     prepared: dict = {}
     try:
         prepared = ctx.step("prepare", ingest_prepare, source_id, run_key, mode, bool(input.get("force")),
-                            retries=conf.ingest_retries, backoff_base=conf.ingest_backoff_base)
+                            ctx.namespace, retries=conf.ingest_retries, backoff_base=conf.ingest_backoff_base)
+        if prepared.get("refused"):
+            raise IngestError(prepared["refused"])
         if prepared.get("deleted"):
             return {"status": "deleted"}
         if prepared.get("error"):
@@ -63,6 +66,8 @@ def ingest_source(ctx, input: dict) -> dict:
         if done.get("deleted"):
             return {"status": "deleted"}
     except Exception as exc:
+        if prepared.get("refused"):
+            raise  # another workspace's source: record nothing on it
         ctx.step("mark_failed", ingest_mark_failed, source_id, run_key, _describe(exc), bool(prepared.get("direct")))
         raise
     try:

@@ -31,6 +31,7 @@ from knowledge.fetching import AddressPolicy, FetchError, fetch_url
 from knowledge.models import KnowledgeChunk, KnowledgeChunkStage, KnowledgeSource
 from llm.embeddings import EmbeddingError, TransientEmbeddingError, get_embedding_provider
 from llm.usage import Usage, estimate_tokens
+from workspaces.models import Workspace
 
 logger = logging.getLogger("knowledge.ingestion")
 
@@ -135,15 +136,19 @@ def copy_stage_rows(rows) -> int:
 # -------------------------------------------------------------------------------------------- steps
 
 
-def ingest_prepare(source_id: int, run_key: str, mode: str = "ingest", force: bool = False) -> dict:
+def ingest_prepare(source_id: int, run_key: str, mode: str = "ingest", force: bool = False,
+                   namespace: str | None = None) -> dict:
     """Step 1: fetch or read the content, extract its text, chunk it and stage the chunks.
 
     Returns {"chunks", "batches", ...}, {"unchanged": True} when the content is the one already
-    indexed (and `force` is off), {"deleted": True} when the source is gone, or {"error": ...}.
+    indexed (and `force` is off), {"deleted": True} when the source is gone, {"refused": ...} when
+    the source is not in the run's workspace (`namespace`), or {"error": ...}.
     """
     source = KnowledgeSource.objects.filter(pk=source_id).first()
     if source is None:
         return {"deleted": True}
+    if namespace is not None and namespace != Workspace.namespace_of(source.workspace_id):
+        return {"refused": f"source {source_id} is not in this run's workspace"}
     conf = knowledge_settings()
     if mode == "reembed":
         return _prepare_reembed(source, run_key, conf)

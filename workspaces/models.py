@@ -29,7 +29,11 @@ class Workspace(models.Model):
     @property
     def namespace(self) -> str:
         """The durable-run namespace holding this workspace's runs."""
-        return f"ws-{self.pk}"
+        return self.namespace_of(self.pk)
+
+    @staticmethod
+    def namespace_of(workspace_id: int) -> str:
+        return f"ws-{workspace_id}"
 
 
 class Membership(models.Model):

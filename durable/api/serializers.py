@@ -15,11 +15,16 @@ def workspace_id_of(namespace: str) -> int | None:
     return int(pk) if prefix == "ws" and pk.isdigit() else None
 
 
-def _known_workflow(name: str) -> str:
+def _startable_workflow(name: str) -> str:
+    """A workflow members may start or schedule: one registered with `api=True`. The platform's own
+    workflows (ingestion...) are started by the platform only, with inputs it has checked."""
     try:
-        get_workflow(name)
+        definition = get_workflow(name)
     except UnknownWorkflow as exc:
         raise serializers.ValidationError(str(exc)) from None
+    if not definition.api:
+        raise serializers.ValidationError(f"No durable workflow that can be started through the API is "
+                                          f"registered as {name!r}.")
     return name
 
 
@@ -80,7 +85,7 @@ class RunDetailSchemaSerializer(RunSerializer):
 
 
 class RunStartSerializer(serializers.Serializer):
-    workflow = serializers.CharField(max_length=200, validators=[_known_workflow])
+    workflow = serializers.CharField(max_length=200, validators=[_startable_workflow])
     workspace = WorkspaceField()
     input = serializers.JSONField(required=False, allow_null=True, default=None)
     tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, default=list)
@@ -190,7 +195,7 @@ class ScheduleSerializer(serializers.ModelSerializer):
 
     workspace = WorkspaceField(write_only=True)
     workspace_id = serializers.SerializerMethodField()
-    workflow = serializers.CharField(max_length=200, validators=[_known_workflow])
+    workflow = serializers.CharField(max_length=200, validators=[_startable_workflow])
 
     class Meta:
         model = Schedule

@@ -33,7 +33,7 @@ from durable.api.serializers import (
     workspace_id_of,
 )
 from durable.models import DurableRun, RunAttribute, Schedule
-from durable.registry import UnknownWorkflow
+from durable.registry import UnknownWorkflow, get_workflow
 from workspaces.api.base import WorkspaceScopedMixin
 from workspaces.api.pagination import IdCursorPagination
 from workspaces.models import Membership
@@ -230,6 +230,10 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
         serializer = RetrySerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         new_input = "input" in serializer.validated_data
+        if new_input and not _startable(run.workflow):
+            # starting over with an input of the caller's choosing is starting the workflow anew
+            raise exceptions.ValidationError({"input": [f"{run.workflow} is started by the platform only; "
+                                                        "retry it without a new input."]})
         if not services.run_retry(run_id=run.pk, input=serializer.validated_data.get("input"), new_input=new_input):
             raise Conflict(f"Run {run.pk} is {self._status(run.pk)}; only failed, cancelled or dead runs "
                            "can be retried.")
@@ -265,6 +269,13 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
     def bulk_retry(self, request):
         return self._bulk(request, DurableRun.Status.RETRYABLE,
                           lambda ids: services.runs_bulk_retry(run_ids=ids))
+
+
+def _startable(name: str) -> bool:
+    try:
+        return get_workflow(name).api
+    except UnknownWorkflow:
+        return False
 
 
 def _int_param(params, name: str, default, *, minimum: int | None = None, maximum: int | None = None):

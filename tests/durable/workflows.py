@@ -54,7 +54,7 @@ def beating(seconds):
     return "done"
 
 
-@workflow("tests.sequence")
+@workflow("tests.sequence", api=True)
 def sequence(ctx, input):
     total = 0
     for index in range(input.get("steps", 3)):
@@ -69,7 +69,7 @@ def queued(ctx, input):
     return second
 
 
-@workflow("tests.fan")
+@workflow("tests.fan", api=True)
 def fan(ctx, input):
     results = ctx.all([Step(f"sq-{i}", square, (i,)) for i in range(input["n"])], mode=input.get("mode", "wait_all"))
     return sum(results)
@@ -83,7 +83,7 @@ def fan_failing(ctx, input):
     return [f"{type(r).__name__}: {r.error['message']}" if isinstance(r, StepFailed) else r for r in results]
 
 
-@workflow("tests.signal")
+@workflow("tests.signal", api=True)
 def signal_wait(ctx, input):
     before = ctx.step("before", add, 0, 1)
     payload = ctx.wait_for_signal("approve", timeout=input.get("timeout"), default="timed-out")
@@ -162,7 +162,7 @@ def checked(fail):
     return True
 
 
-@workflow("tests.maybe_fail")
+@workflow("tests.maybe_fail", api=True)
 def maybe_fail(ctx, input):
     """Fails while its input says so: retry with new input makes it pass (read-side and API tests)."""
     return {"ok": ctx.step("check", checked, input.get("fail", False))}
