@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 
 from durable import selectors
 from durable.models import DurableRun, Schedule
+from workspaces.api.filters import WorkspaceFilter
 
 
 class MultiValueField(forms.Field):
@@ -38,7 +39,7 @@ class RunFilter(django_filters.FilterSet):
     attr = MultiValueFilter(help_text="Attribute comparison key:op:value with op eq, ne, gt, gte, lt or lte "
                                       "(gt..lte compare numbers), e.g. amount:gte:10; repeatable.")
     parent = django_filters.CharFilter(help_text="Children of this run id.")
-    workspace = django_filters.NumberFilter(help_text="Runs of one of your workspaces.")
+    workspace = WorkspaceFilter(help_text="Runs of one of your workspaces.")
     created_after = django_filters.IsoDateTimeFilter(help_text="Created at or after (ISO 8601).")
     created_before = django_filters.IsoDateTimeFilter(help_text="Created before (ISO 8601).")
 
@@ -77,7 +78,7 @@ class RunFilter(django_filters.FilterSet):
             "created_before": data.get("created_before"),
         }
         if data.get("workspace") is not None:
-            kwargs["namespaces"] = [f"ws-{int(data['workspace'])}"]
+            kwargs["namespaces"] = [data["workspace"].namespace]
         return kwargs
 
     def has_filters(self) -> bool:
@@ -91,6 +92,10 @@ class RunFilter(django_filters.FilterSet):
 class ScheduleFilter(django_filters.FilterSet):
     workflow = django_filters.CharFilter()
     paused = django_filters.BooleanFilter()
+    workspace = WorkspaceFilter(method="filter_workspace", help_text="Schedules of one of your workspaces.")
+
+    def filter_workspace(self, queryset, name, value):
+        return queryset.filter(namespace=value.namespace) if value is not None else queryset
 
     class Meta:
         model = Schedule

@@ -244,7 +244,7 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
         return DurableRun.objects.filter(pk=run_id).values_list("status", flat=True).first() or "gone"
 
     def _bulk(self, request, eligible, apply):
-        filterset = RunFilter(request.query_params, queryset=DurableRun.objects.none())
+        filterset = RunFilter(request.query_params, queryset=DurableRun.objects.none(), request=request)
         if filterset.is_valid() and not filterset.has_filters():
             raise exceptions.ValidationError({"filters": ["Give at least one of the list's filters "
                                                           "(for example ?status=failed)."]})

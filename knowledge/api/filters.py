@@ -3,9 +3,11 @@ from django.conf import settings
 from django.db.models import Q
 
 from knowledge.models import KnowledgeSource, Skill
+from workspaces.api.filters import WorkspaceFilter
 
 
 class KnowledgeSourceFilter(django_filters.FilterSet):
+    workspace = WorkspaceFilter()
     q = django_filters.CharFilter(method="filter_q", help_text="Words in the title or the URL / file name.")
     needs_reembed = django_filters.BooleanFilter(
         method="filter_needs_reembed", help_text="Indexed with another embedding model than the configured one.")
@@ -23,6 +25,7 @@ class KnowledgeSourceFilter(django_filters.FilterSet):
 
 
 class SkillFilter(django_filters.FilterSet):
+    workspace = WorkspaceFilter()
     q = django_filters.CharFilter(method="filter_q", help_text="Words in the name or the description.")
 
     class Meta:

@@ -29,7 +29,10 @@ class WorkspaceSerializer(serializers.ModelSerializer):
 
 class MembershipSerializer(serializers.ModelSerializer):
     workspace = WorkspaceField()
-    user = serializers.SlugRelatedField(slug_field="username", queryset=get_user_model().objects.filter(is_active=True))
+    # any active user can be added by username, so the browsable API shows a text box, never a list of
+    # every user of the installation
+    user = serializers.SlugRelatedField(slug_field="username", queryset=get_user_model().objects.filter(is_active=True),
+                                        style={"base_template": "input.html"})
 
     class Meta:
         model = Membership
