@@ -12,16 +12,11 @@ from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
+from durable.states import RunStatus, StepStatus
+
 
 class DurableRun(models.Model):
-    class Status(models.TextChoices):
-        PENDING = "pending", "Pending"
-        RUNNING = "running", "Running"
-        SUSPENDED = "suspended", "Suspended"
-        COMPLETED = "completed", "Completed"
-        FAILED = "failed", "Failed"
-        CANCELLED = "cancelled", "Cancelled"
-        DEAD = "dead", "Dead"
+    Status = RunStatus
 
     id = models.CharField(primary_key=True, max_length=255)
     workflow = models.CharField(max_length=200)
@@ -43,6 +38,9 @@ class DurableRun(models.Model):
     locked_until = models.DateTimeField(null=True, blank=True)
     recovery_attempts = models.IntegerField(default=0)
     turns = models.IntegerField(default=0)
+    # the run's history number: moved on by continue-as-new and by a retry with new input, which start a new
+    # history under the same id (its children get new ids, so a child of an old history never reports into it)
+    epoch = models.IntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -75,9 +73,6 @@ class DurableRun(models.Model):
         return f"{self.workflow} {self.id} ({self.status})"
 
 
-DurableRun.Status.TERMINAL = frozenset({"completed", "failed", "cancelled", "dead"})
-DurableRun.Status.ACTIVE = frozenset({"pending", "running", "suspended"})
-DurableRun.Status.RETRYABLE = frozenset({"failed", "cancelled", "dead"})
 
 
 class StepCheckpoint(models.Model):
@@ -89,11 +84,7 @@ class StepCheckpoint(models.Model):
         EVENT = "event", "Event"
         VALUE = "value", "Recorded value"  # ctx.now / ctx.uuid / ctx.side_effect / ctx.set_attributes
 
-    class Status(models.TextChoices):
-        PENDING = "pending", "Pending"
-        RUNNING = "running", "Running"
-        COMPLETED = "completed", "Completed"
-        FAILED = "failed", "Failed"
+    Status = StepStatus
 
     # db_index=False: the unique (run, seq) index serves every lookup by run
     run = models.ForeignKey(DurableRun, on_delete=models.CASCADE, related_name="checkpoints", db_constraint=False,
@@ -148,6 +139,7 @@ class StepCheckpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.seq} {self.name} ({self.status})"
+
 
 
 class SignalWaiter(models.Model):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection, transaction
+from django.db import connection
 
-from durable import engine
+from durable import engine, store
 from durable.models import DurableRun
 from durable.settings import durable_settings
 
@@ -26,22 +26,7 @@ TERMINAL = sorted(DurableRun.Status.TERMINAL)
 def delete_runs(run_ids: list[str]) -> int:
     """Delete runs and everything hanging off them, in chunks of 500 ids, one transaction a chunk.
     Active runs in the list are left alone."""
-    deleted = 0
-    for start in range(0, len(run_ids), CHUNK):
-        chunk = run_ids[start:start + CHUNK]
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT id FROM {engine.RUN_TABLE} WHERE id = ANY(%s) AND status = ANY(%s) FOR UPDATE",
-                [chunk, TERMINAL],
-            )
-            ids = [row[0] for row in cursor.fetchall()]
-            if not ids:
-                continue
-            for table in (engine.CP_TABLE, engine.WAITER_TABLE, engine.SIGNAL_TABLE, engine.ATTR_TABLE):
-                cursor.execute(f"DELETE FROM {table} WHERE run_id = ANY(%s)", [ids])
-            cursor.execute(f"DELETE FROM {engine.RUN_TABLE} WHERE id = ANY(%s)", [ids])
-            deleted += cursor.rowcount
-    return deleted
+    return store.runs_delete(run_ids, chunk=CHUNK)
 
 
 def _validate(policy: dict) -> tuple[list[str], float | None, int | None, str | None]:

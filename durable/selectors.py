@@ -265,9 +265,9 @@ TIMELINE_COLUMNS = ("seq", "name", "kind", "status", "attempt", "parallel_group"
 
 def run_timeline(run_id: str, *, include_payloads: bool = False, after_seq: int | None = None,
                  limit: int | None = None, namespaces=None) -> list[TimelineEntry]:
-    """A run's checkpoints in seq order with queue duration (started - created) and run duration
-    (completed - started) in seconds; waits (sleep, signal, event, child) have no start of their own, so
-    their run duration is completed - created. Payloads are read and decoded only when asked. Keyset pages with
+    """A run's checkpoints in seq order with queue duration (started - created; none for waits) and run
+    duration (completed - started) in seconds; a wait (sleep, signal, event, child) starts when it is
+    written. Payloads are read and decoded only when asked. Keyset pages with
     `after_seq` / `limit` over the (run, seq) key. Raises RunNotFound."""
     _run_exists(run_id, namespaces)
     columns = TIMELINE_COLUMNS + (PAYLOAD_COLUMNS if include_payloads else ())
@@ -279,7 +279,8 @@ def run_timeline(run_id: str, *, include_payloads: bool = False, after_seq: int 
     entries = []
     for row in queryset.values(*columns):
         entry = TimelineEntry(**{name: row[name] for name in TIMELINE_COLUMNS},
-                              queue_seconds=_seconds(row["created_at"], row["started_at"]),
+                              queue_seconds=(_seconds(row["created_at"], row["started_at"])
+                                             if row["kind"] in ("step", "value") else None),
                               run_seconds=_seconds(row["started_at"] or row["created_at"], row["completed_at"]))
         if include_payloads:
             entry.payloads_included = True

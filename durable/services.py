@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from durable import engine
-from durable.codec import encode
-from durable.models import BufferedEvent, DurableRun, Schedule
+from durable import engine, store
+from durable.codec import decode, encode
+from durable.models import BufferedEvent, BufferedSignal, DurableRun, Schedule
 from durable.registry import get_workflow
 from durable.settings import durable_settings
 
@@ -63,29 +63,10 @@ def signal_send(*, run_id: str, name: str, payload=None) -> str:
             raise RunNotFound(run_id)
         if status not in DurableRun.Status.ACTIVE:
             raise InvalidRunState(f"run {run_id} is {status}; signals reach active runs only")
-        engine._lock_signal(run_id, name)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT seq FROM {engine.WAITER_TABLE} WHERE run_id = %s AND kind = 'signal' AND key = %s "
-                "ORDER BY seq LIMIT 1", [run_id, name],
-            )
-            waiter = cursor.fetchone()
-            if waiter is not None:
-                cursor.execute(
-                    f"UPDATE {engine.CP_TABLE} SET status = 'completed', output = %s, completed_at = statement_timestamp(), "
-                    "wake_at = NULL WHERE run_id = %s AND seq = %s AND status = 'pending'",
-                    [encode({"payload": payload}), run_id, waiter[0]],
-                )
-                delivered = cursor.rowcount == 1
-                cursor.execute(f"DELETE FROM {engine.WAITER_TABLE} WHERE run_id = %s AND seq = %s",
-                               [run_id, waiter[0]])
-                if delivered:
-                    engine.wake_run(run_id)
-                    return "delivered"
-            cursor.execute(
-                f"INSERT INTO {engine.SIGNAL_TABLE} (run_id, name, payload, created_at) "
-                "VALUES (%s, %s, %s, statement_timestamp())", [run_id, name, encode(payload)],
-            )
+        engine.lock_signal(run_id, name)
+        if store.signal_deliver(run_id=run_id, name=name, payload_text=encode({"payload": payload})):
+            return "delivered"
+        BufferedSignal.objects.create(run_id=run_id, name=name, payload=encode(payload))
     return "buffered"
 
 
@@ -98,25 +79,9 @@ def event_publish(*, name: str, payload: dict | None = None, namespace: str = "d
         raise ValueError("an event payload is a JSON object")
     text = json.dumps(payload, default=str)
     with transaction.atomic():
-        engine._lock_event(namespace, name)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"DELETE FROM {engine.WAITER_TABLE} AS w USING {engine.RUN_TABLE} AS r "
-                "WHERE w.run_id = r.id AND r.namespace = %s AND w.kind = 'event' AND w.key = %s "
-                "AND %s::jsonb @> w.match RETURNING w.run_id, w.seq",
-                [namespace, name, text],
-            )
-            waiters = cursor.fetchall()
-            reached = 0
-            for run_id, seq in waiters:
-                cursor.execute(
-                    f"UPDATE {engine.CP_TABLE} SET status = 'completed', output = %s, completed_at = statement_timestamp(), "
-                    "wake_at = NULL WHERE run_id = %s AND seq = %s AND status = 'pending'",
-                    [encode({"payload": payload}), run_id, seq],
-                )
-                if cursor.rowcount == 1:
-                    reached += 1
-                    engine.wake_run(run_id)
+        engine.lock_event(namespace, name)
+        reached = store.event_deliver(namespace=namespace, name=name, payload_json=text,
+                                      output_text=encode({"payload": payload}))
         if not reached:
             BufferedEvent.objects.create(
                 namespace=namespace, name=name, payload=payload,
@@ -126,41 +91,21 @@ def event_publish(*, name: str, payload: dict | None = None, namespace: str = "d
 
 
 def run_cancel(*, run_id: str, reason: str = "cancelled by an operator", compensate: bool = False) -> bool:
-    """Cancel an active run and its active descendants. A compare-and-set on the status: a turn still
-    running finds the run cancelled when it tries to finish and can never resurrect it.
-    With `compensate=True`, the workflow's registered compensation workflow is started.
-    Returns False when the run was not active."""
+    """Cancel an active run and its active descendants. A compare-and-set on the status that also
+    clears the lease: a turn still running there has its writes refused, so it can neither finish,
+    checkpoint nor start a child. With `compensate=True`, the workflow's registered compensation
+    workflow is started (in the same transaction). Returns False when the run was not active."""
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {engine.RUN_TABLE} SET status = 'cancelled', error = %s, ended_at = statement_timestamp(), "
-                "locked_by = '', locked_until = NULL, wake_at = NULL, wake_pending = false, updated_at = statement_timestamp() "
-                "WHERE id = %s AND status IN ('pending', 'running', 'suspended') "
-                "RETURNING parent_id, parent_seq, workflow, input, namespace, tags",
-                [encode({"type": "Cancelled", "message": reason}), run_id],
-            )
-            row = cursor.fetchone()
-            if row is None:
-                return False
-            descendants = engine.descendant_run_ids([run_id])
-            if descendants:
-                cursor.execute(
-                    f"UPDATE {engine.RUN_TABLE} SET status = 'cancelled', error = %s, ended_at = statement_timestamp(), "
-                    "locked_by = '', locked_until = NULL, wake_at = NULL, wake_pending = false, updated_at = statement_timestamp() "
-                    "WHERE id = ANY(%s) AND status IN ('pending', 'running', 'suspended')",
-                    [encode({"type": "Cancelled", "message": f"parent {run_id} was cancelled"}), descendants],
-                )
-            cursor.execute(f"DELETE FROM {engine.WAITER_TABLE} WHERE run_id = ANY(%s)",
-                           [[run_id, *descendants]])
-        parent_id, parent_seq, workflow, input_text, namespace, tags = row
-        if parent_id:
-            engine.notify_parent(parent_id, parent_seq, "cancelled", child_id=run_id,
-                                 error={"type": "Cancelled", "message": reason})
+        row = store.runs_cancel_tree(
+            run_id, error_text=encode({"type": "Cancelled", "message": reason}),
+            descendant_error_text=encode({"type": "Cancelled", "message": f"parent {run_id} was cancelled"}),
+        )
+        if row is None:
+            return False
+        _parent_id, _parent_seq, workflow, input_text, namespace, tags = row
         if compensate:
             definition = get_workflow(workflow)
             if definition.compensation:
-                from durable.codec import decode
-
                 engine.create_run(run_id=f"{run_id}:compensate", workflow=definition.compensation,
                                   namespace=namespace, tags=[*(tags or []), "compensation"],
                                   input={"run_id": run_id, "input": decode(input_text, column="run.input",
@@ -171,35 +116,18 @@ def run_cancel(*, run_id: str, reason: str = "cancelled by an operator", compens
 def run_retry(*, run_id: str, input=None, new_input: bool = False) -> bool:
     """Run a failed, cancelled or dead run again.
 
-    A plain retry keeps every completed checkpoint and drops the rest, so the run resumes where it
-    failed. `new_input=True` replaces the input and starts over from the first step (a replay of old
-    checkpoints with a different input would not be deterministic). Returns False when the run was
-    not in a retryable status."""
-    with transaction.atomic():
-        fields = ["status = 'pending'", "output = ''", "error = ''", "ended_at = NULL", "recovery_attempts = 0",
-                  "wake_pending = true", "dispatched_at = statement_timestamp()", "wake_at = NULL", "locked_by = ''",
-                  "locked_until = NULL", "updated_at = statement_timestamp()"]
-        params: list = []
-        if new_input:
-            fields.append("input = %s")
-            params.append(encode(input))
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {engine.RUN_TABLE} SET {', '.join(fields)} "
-                "WHERE id = %s AND status IN ('failed', 'cancelled', 'dead') RETURNING priority",
-                [*params, run_id],
-            )
-            row = cursor.fetchone()
-            if row is None:
-                return False
-            if new_input:
-                cursor.execute(f"DELETE FROM {engine.CP_TABLE} WHERE run_id = %s", [run_id])
-            else:
-                cursor.execute(f"DELETE FROM {engine.CP_TABLE} WHERE run_id = %s AND status <> 'completed'",
-                               [run_id])
-            cursor.execute(f"DELETE FROM {engine.WAITER_TABLE} WHERE run_id = %s", [run_id])
-        engine.dispatch_turn(run_id, row[0])
-    return True
+    A plain retry keeps every completed checkpoint and drops the rest, and retries the run's failed,
+    cancelled or dead descendants the same way, so the run resumes where it stopped. `new_input=True`
+    replaces the input and starts a new history from the first step, with new children (a replay of
+    old checkpoints with a different input would not be deterministic). Returns False when the run
+    was not in a retryable status."""
+    input_text = None
+    if new_input:
+        try:
+            input_text = encode(input)
+        except TypeError as exc:
+            raise ValueError(f"input is not JSON-serialisable: {exc}") from None
+    return store.run_retry(run_id, input_text=input_text) is not None
 
 
 BULK_LIMIT = 500

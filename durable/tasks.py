@@ -4,13 +4,15 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
 from durable import engine, retention, tick
+from durable.errors import TurnInterrupted
 
 
-@shared_task(name="durable.run_turn", autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
-             max_retries=5, acks_late=True)
+@shared_task(name="durable.run_turn", autoretry_for=(OperationalError, InterfaceError, TurnInterrupted),
+             retry_backoff=True, max_retries=5, acks_late=True)
 def run_turn(run_id: str) -> str:
     """One turn of a run. Sent on every wake (start, settled step, due timer, signal). Safe to retry
-    and to deliver twice: the claim is a compare-and-set on the run's lease."""
+    and to deliver twice: the claim is a compare-and-set on the run's lease. An engine write that
+    failed mid-turn raises TurnInterrupted after giving the run back, and the task is retried."""
     return engine.execute_turn(run_id).outcome
 
 

@@ -8,13 +8,12 @@ ticks racing (two beats, a manual tick) do the work once.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from datetime import timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
 
-from durable import engine
+from durable import engine, store
 from durable.codec import encode
 from durable.models import DurableRun, Schedule
 from durable.schedules import due_windows, jitter_for, next_window, run_id_for
@@ -22,8 +21,6 @@ from durable.settings import durable_settings
 
 logger = logging.getLogger("durable.tick")
 
-RUN = engine.RUN_TABLE
-CP = engine.CP_TABLE
 MAX_BATCHES_PER_TICK = 20
 
 
@@ -33,28 +30,13 @@ def recover_expired_leases() -> int:
     settings = durable_settings()
     dead_error = encode({"type": "RecoveryExhausted",
                          "message": f"the run's lease expired more than {settings.max_recovery_attempts} times"})
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"""UPDATE {RUN} SET recovery_attempts = recovery_attempts + 1, locked_by = '', locked_until = NULL,
-                    status = CASE WHEN recovery_attempts + 1 > %s THEN 'dead' ELSE 'suspended' END,
-                    error = CASE WHEN recovery_attempts + 1 > %s THEN %s ELSE error END,
-                    ended_at = CASE WHEN recovery_attempts + 1 > %s THEN statement_timestamp() ELSE ended_at END,
-                    wake_pending = (recovery_attempts + 1 <= %s), dispatched_at = statement_timestamp(), updated_at = statement_timestamp()
-                WHERE id IN (SELECT id FROM {RUN} WHERE status = 'running' AND locked_until < statement_timestamp()
-                             ORDER BY locked_until LIMIT %s FOR UPDATE SKIP LOCKED)
-                RETURNING id, status, priority, parent_id, parent_seq""",
-            [settings.max_recovery_attempts] * 2 + [dead_error] + [settings.max_recovery_attempts] * 2
-            + [settings.timer_batch],
-        )
-        rows = cursor.fetchall()
-        for run_id, status, priority, parent_id, parent_seq in rows:
-            if status == "dead":
-                logger.error("durable: run %s is dead after too many recoveries", run_id)
-                if parent_id:
-                    engine.notify_parent(parent_id, parent_seq, "dead", child_id=run_id)
-            else:
-                logger.warning("durable: recovering run %s (its lease expired)", run_id)
-                engine.dispatch_turn(run_id, priority)
+    rows = store.runs_recover_expired(max_attempts=settings.max_recovery_attempts, dead_error_text=dead_error,
+                                      batch=settings.timer_batch)
+    for run_id, status, *_ in rows:
+        if status == DurableRun.Status.DEAD:
+            logger.error("durable: run %s is dead after too many recoveries", run_id)
+        else:
+            logger.warning("durable: recovering run %s (its lease expired)", run_id)
     return len(rows)
 
 
@@ -64,41 +46,18 @@ def resume_due_timers() -> int:
     batch = durable_settings().timer_batch
     total = 0
     for _ in range(MAX_BATCHES_PER_TICK):
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                f"""UPDATE {RUN} SET wake_pending = true, wake_at = NULL, dispatched_at = statement_timestamp(), updated_at = statement_timestamp()
-                    WHERE id IN (SELECT id FROM {RUN} WHERE status = 'suspended' AND wake_at <= statement_timestamp()
-                                 ORDER BY wake_at LIMIT %s FOR UPDATE SKIP LOCKED)
-                    RETURNING id, priority""",
-                [batch],
-            )
-            rows = cursor.fetchall()
-            for run_id, priority in rows:
-                engine.dispatch_turn(run_id, priority)
-        total += len(rows)
-        if len(rows) < batch:
+        resumed = len(store.runs_resume_due(batch=batch))
+        total += resumed
+        if resumed < batch:
             break
     return total
 
 
 def dispatch_due_steps() -> int:
-    """Queued steps whose retry is due, or whose message was never picked up: send them again."""
+    """Queued steps of active runs whose retry is due, or whose message was never picked up: send them again."""
     settings = durable_settings()
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"""UPDATE {CP} SET wake_at = statement_timestamp() + make_interval(secs => %s)
-                WHERE id IN (SELECT id FROM {CP} WHERE status = 'pending' AND queue <> '' AND wake_at <= statement_timestamp()
-                             ORDER BY wake_at LIMIT %s FOR UPDATE SKIP LOCKED)
-                RETURNING run_id, seq, queue""",
-            [settings.redispatch_after_seconds, settings.timer_batch],
-        )
-        rows = cursor.fetchall()
-        grouped: dict[tuple[str, str], list[int]] = defaultdict(list)
-        for run_id, seq, queue in rows:
-            grouped[(run_id, queue)].append(seq)
-        for (run_id, queue), seqs in grouped.items():
-            engine.dispatch_steps(run_id, seqs, queue)
-    return len(rows)
+    return len(store.steps_dispatch_due(redispatch_after=settings.redispatch_after_seconds,
+                                        batch=settings.timer_batch))
 
 
 def time_out_silent_steps() -> int:
@@ -106,47 +65,18 @@ def time_out_silent_steps() -> int:
     goes back to pending (or fails once its worker has been lost too many times)."""
     settings = durable_settings()
     timed_out = encode({"type": "StepTimeout", "message": "no heartbeat within the step's timeout"})
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"""UPDATE {CP} SET status = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN 'failed'
-                                  ELSE 'pending' END,
-                    completed_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN statement_timestamp() END,
-                    wake_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN NULL ELSE statement_timestamp() END,
-                    options = jsonb_set(options, '{{timeouts}}',
-                                        to_jsonb(COALESCE((options->>'timeouts')::int, 0) + 1)),
-                    timeout_at = NULL, error = %s
-                WHERE id IN (SELECT id FROM {CP} WHERE status = 'running' AND timeout_at < statement_timestamp()
-                             ORDER BY timeout_at LIMIT %s FOR UPDATE SKIP LOCKED)
-                RETURNING run_id, seq, status, queue, parallel_group""",
-            [settings.max_recovery_attempts] * 3 + [timed_out, settings.timer_batch],
-        )
-        rows = cursor.fetchall()
-        for run_id, seq, status, queue, _group in rows:
-            logger.warning("durable: step %s#%s timed out (%s)", run_id, seq, status)
-            if status == "failed":
-                engine.wake_run(run_id)
-            else:
-                engine.dispatch_steps(run_id, [seq], queue)
+    rows = store.steps_time_out(max_timeouts=settings.max_recovery_attempts, error_text=timed_out,
+                                batch=settings.timer_batch)
+    for run_id, seq, status, _queue in rows:
+        logger.warning("durable: step %s#%s timed out (%s)", run_id, seq, status)
     return len(rows)
 
 
 def redispatch_lost_wakes() -> int:
     """Runs that want a turn but whose message was lost (a broker restart): send it again."""
     settings = durable_settings()
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"""UPDATE {RUN} SET dispatched_at = statement_timestamp()
-                WHERE id IN (SELECT id FROM {RUN} WHERE wake_pending
-                               AND dispatched_at < statement_timestamp() - make_interval(secs => %s)
-                               AND status IN ('pending', 'suspended')
-                             ORDER BY dispatched_at LIMIT %s FOR UPDATE SKIP LOCKED)
-                RETURNING id, priority""",
-            [settings.redispatch_after_seconds, settings.timer_batch],
-        )
-        rows = cursor.fetchall()
-        for run_id, priority in rows:
-            engine.dispatch_turn(run_id, priority)
-    return len(rows)
+    return len(store.runs_redispatch_lost(after_seconds=settings.redispatch_after_seconds,
+                                          batch=settings.timer_batch))
 
 
 def fire_due_schedules(*, now=None) -> int:

@@ -3,10 +3,10 @@ from datetime import timedelta
 
 import pytest
 from cryptography.fernet import Fernet
-from django.db import connection, connections
+from django.db import connections
 from django.utils import timezone
 
-from durable import codec, engine, retention, tick
+from durable import codec, engine, retention, store, tick, turns
 from durable.codec import decode
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun, Schedule, StepCheckpoint
@@ -22,8 +22,8 @@ def test_cancel_is_final_even_for_a_turn_in_flight():
     assert cursor.fetchone() is not None
     assert run_cancel(run_id=run.id) is True
     # the late turn finishes: its compare-and-set finds the run cancelled and changes nothing
-    assert engine._finish(run.id, "late-worker", "completed", output=1, encoded_output="1").outcome == "lease_lost"
-    assert engine._release(run.id, "late-worker", None, 0).outcome == "lease_lost"
+    assert turns._finish(run.id, "late-worker", "completed", output=1, encoded_output="1").outcome == "lease_lost"
+    assert turns._release(run.id, "late-worker", None).outcome == "lease_lost"
     assert DurableRun.objects.get(pk=run.id).status == "cancelled"
     assert run_cancel(run_id=run.id) is False
 
@@ -75,8 +75,7 @@ def test_expired_leases_are_recovered_then_declared_dead(settings):
 def test_silent_step_times_out_and_goes_back_to_pending():
     run = run_start(workflow="tests.heartbeat", input={"seconds": 0.1, "timeout": 5})
     engine.execute_turn(run.id)
-    with connection.cursor() as cursor:  # a worker claimed the step, then went silent
-        cursor.execute(engine.CLAIM_STEPS_SQL, [5.0, run.id, [0]])
+    store.steps_claim(run.id, [0], 5.0)  # a worker claimed the step, then went silent
     StepCheckpoint.objects.filter(run=run, seq=0).update(timeout_at=timezone.now() - timedelta(seconds=1))
     assert tick.time_out_silent_steps() == 1
     step = StepCheckpoint.objects.get(run=run, seq=0)

@@ -90,10 +90,11 @@ def test_a_step_is_never_settled_twice():
     engine.execute_turn(run.id)
     first = engine.execute_steps(run.id, [0])
     second = engine.execute_steps(run.id, [0])  # a redelivered message
-    assert first == {"claimed": 1, "settled": 1}
-    assert second == {"claimed": 0, "settled": 0}
+    assert first == {"claimed": 1, "settled": 1, "skipped": 0}
+    assert second == {"claimed": 0, "settled": 0, "skipped": 0}
     # a late settle from a worker whose attempt was superseded changes nothing
-    assert engine.settle_steps(run.id, [(0, "completed", '"late"', "", None, 99, None)]) == []
+    step = StepCheckpoint.objects.get(run_id=run.id, seq=0)
+    assert engine.settle_steps(run.id, [(step.id, 99, "completed", '"late"', "", None, None)]) == ([], set())
     assert decode(StepCheckpoint.objects.get(run_id=run.id, seq=0).output) == 3
 
 

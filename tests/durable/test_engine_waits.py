@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from durable import engine
+from durable import engine, turns
 from durable.codec import decode
 from durable.inprocess import run_until_settled
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, SignalWaiter
@@ -85,7 +85,7 @@ def test_a_wake_during_a_turn_is_not_lost():
     assert engine.wake_run(run.id) is True
     assert DurableRun.objects.get(pk=run.id).wake_pending is True
     # ...and the turn sees the flag when it releases the run, so it asks for the next turn itself
-    result = engine._release(run.id, "someone-else", None, 0)
+    result = turns._release(run.id, "someone-else", None)
     assert result.redispatched is True
 
 

@@ -1,0 +1,665 @@
+"""The ``ctx`` API a workflow function uses; every call is checkpointed and replayed.
+
+Each call takes the next sequence number and is answered from its checkpoint when one exists;
+otherwise it does its work and writes one (through ``durable.store``, fenced by the turn's
+lease). A call that must wait raises ``Suspend``, which ends the turn.
+
+A ``ctx`` call refuses to run inside the workflow's own ``transaction.atomic()`` (a wait there
+would roll back its own checkpoint and loop) and after the turn stopped (a ``finally`` or an
+``except BaseException`` around a wait): both fail the run with a clear error instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import random
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from django.db import DatabaseError, connection, transaction
+
+from durable import store
+from durable.codec import decode, encode
+from durable.dispatch import dispatch_steps
+from durable.errors import (
+    ChildFailed,
+    ContinueAsNew,
+    EngineWriteFailed,
+    FanFailed,
+    LeaseLost,
+    NonDeterminismError,
+    StepFailed,
+    Suspend,
+    WorkflowMisuse,
+    _ControlFlow,
+)
+from durable.leases import lease_keeper
+from durable.registry import callable_path, get_workflow
+from durable.settings import durable_settings
+from durable.states import RunStatus, StepStatus
+
+# ------------------------------------------------------------------------------------------ specs
+
+
+@dataclass(frozen=True)
+class Step:
+    """A fan item for ``ctx.all``: a step run on a Celery worker."""
+
+    name: str
+    fn: Callable
+    args: Sequence = ()
+    queue: str | None = None
+    retries: int = 0
+    backoff: str = "exponential"
+    backoff_base: float = 1.0
+    backoff_cap: float = 60.0
+    jitter: bool = True
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Child:
+    """A fan item for ``ctx.all``: a child run of another registered workflow."""
+
+    workflow: str
+    input: object = None
+    name: str = ""
+    tags: Sequence[str] = ()
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def error_payload(exc: BaseException) -> dict:
+    import traceback
+
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
+    }
+
+
+def backoff_delay(options: dict, attempt: int) -> float:
+    """Seconds before retry number `attempt` (1-based): fixed or exponential with cap and full jitter."""
+    base = float(options.get("backoff_base", 1.0))
+    cap = float(options.get("backoff_cap", 60.0))
+    fixed = options.get("backoff", "exponential") == "fixed"
+    delay = base if fixed else min(cap, base * (2 ** (attempt - 1)))
+    if options.get("jitter", True):
+        delay = random.uniform(delay / 2, delay)
+    return min(delay, cap)
+
+
+_NO_RETRIES = {"retries": 0}
+
+
+def step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout) -> dict:
+    if backoff not in ("fixed", "exponential"):
+        raise ValueError(f"backoff must be 'fixed' or 'exponential', not {backoff!r}")
+    options = {"retries": int(retries)}
+    if retries:
+        options.update(backoff=backoff, backoff_base=backoff_base, backoff_cap=backoff_cap, jitter=jitter)
+    if timeout is not None:
+        options["timeout"] = float(timeout)
+    return options
+
+
+def checkpoint_row(run_id, seq, name, kind, *, input="", queue="", options=None, attempt=0, child_run_id="",
+                   group=None, wake_at=None, status="pending", output="", error="", started_at=None,
+                   completed_at=None, created=None):
+    """A row for ``store.checkpoints_insert`` (columns of ``store.INSERT_PENDING_COLUMNS``)."""
+    return (run_id, seq, name, kind, status, input, output, error, queue, json.dumps(options or {}), attempt,
+            child_run_id, "", group, wake_at, created or now(), started_at, completed_at)
+
+
+def _user_error(exc: BaseException) -> BaseException:
+    # an exception raised by the workflow's own function, passing through a ctx call: never
+    # mistaken for a failed engine write, whatever its type
+    with contextlib.suppress(AttributeError):
+        exc._durable_user_error = True
+    return exc
+
+
+def ctx_call(method):
+    """Guard a public ctx method: refuse misuse, stop after a lost lease, and turn a failed engine
+    statement into EngineWriteFailed (which workflow code cannot catch)."""
+
+    @functools.wraps(method)
+    def call(self: Context, *args, **kwargs):
+        if self._stopped is not None:
+            raise self._misused(WorkflowMisuse(
+                f"ctx.{method.__name__}() was called after the turn stopped at "
+                f"{type(self._stopped).__name__}: a `finally` or `except BaseException` around a ctx call must not "
+                "call ctx again (suspension is an exception that ends the turn)"))
+        if len(connection.atomic_blocks) > self._atomic_depth:
+            raise self._misused(WorkflowMisuse(
+                f"ctx.{method.__name__}() was called inside the workflow's own transaction.atomic(): a wait there "
+                "would roll back its own checkpoint. Use ctx.transaction(name, fn) for database writes that must "
+                "commit with a checkpoint"))
+        if lease_keeper.lost(self.token):
+            raise self._stop(LeaseLost(f"the lease on run {self.run_id} was lost"))
+        try:
+            return method(self, *args, **kwargs)
+        except _ControlFlow as exc:
+            raise self._stop(exc) from None
+        except (DatabaseError, psycopg.Error) as exc:
+            if getattr(exc, "_durable_user_error", False):
+                raise
+            raise self._stop(EngineWriteFailed(exc)) from exc
+
+    return call
+
+
+class _Checkpoint:
+    __slots__ = ("attempt", "child_run_id", "error", "group", "kind", "name", "output", "queue", "seq", "status",
+                 "wake_at")
+
+    def __init__(self, row):
+        (self.seq, self.name, self.kind, self.status, self.output, self.error, self.group, self.attempt,
+         self.wake_at, self.queue, self.child_run_id) = row
+
+
+REPLAY_SQL = f"""
+SELECT seq, name, kind, status, output, error, parallel_group, attempt, wake_at, queue, child_run_id
+FROM {store.CP_TABLE} WHERE run_id = %s ORDER BY seq
+"""
+
+
+class Context:
+    """The API a workflow function uses. Every call is checkpointed and replayed deterministically."""
+
+    def __init__(self, *, run_id: str, workflow: str, namespace: str, priority: int,
+                 checkpoints: dict[int, _Checkpoint], tags: list[str], token: str = "", epoch: int = 0,
+                 cursor: psycopg.Cursor | None = None):
+        self.run_id = run_id
+        self.workflow = workflow
+        self.namespace = namespace
+        self.priority = priority
+        self.tags = tags
+        self.token = token
+        self.epoch = epoch
+        self._checkpoints = checkpoints
+        self._seq = 0
+        self._cursor = cursor
+        self._atomic_depth = len(connection.atomic_blocks)
+        self._stopped: BaseException | None = None
+        self._misuse: WorkflowMisuse | None = None
+        self.wake_now = False  # a checkpoint settled as it was written (a child that had ended): turn again
+
+    # -- internals
+
+    @property
+    def cursor(self) -> psycopg.Cursor:
+        if self._cursor is None or self._cursor.closed:
+            self._cursor = store.raw_cursor()
+        return self._cursor
+
+    @property
+    def has_open_work(self) -> bool:
+        """Whether this history may hold open checkpoints or children (the run's end must close them)."""
+        return any(cp.status in StepStatus.OPEN or cp.kind == "child" for cp in self._checkpoints.values())
+
+    def _stop(self, exc: BaseException) -> BaseException:
+        if self._stopped is None:
+            self._stopped = exc
+        return exc
+
+    def _misused(self, exc: WorkflowMisuse) -> WorkflowMisuse:
+        if self._misuse is None:
+            self._misuse = exc
+        return self._stop(exc)
+
+    def _next(self, name: str, kind: str) -> tuple[int, _Checkpoint | None]:
+        seq = self._seq
+        self._seq += 1
+        checkpoint = self._checkpoints.get(seq)
+        if checkpoint is not None and (checkpoint.name != name or checkpoint.kind != kind):
+            raise NonDeterminismError(
+                f"non-deterministic replay at seq {seq}: the checkpoint is {checkpoint.kind} {checkpoint.name!r} "
+                f"but the workflow now asks for {kind} {name!r}"
+            )
+        return seq, checkpoint
+
+    def _refused(self, seq: int) -> LeaseLost:
+        return LeaseLost(f"checkpoint {self.run_id}#{seq} was refused: the turn no longer holds the run's lease")
+
+    def _record(self, seq: int, name: str, kind: str, value, *, started: datetime | None = None,
+                attempt: int = 1) -> None:
+        if not store.checkpoint_record(self.cursor, run_id=self.run_id, token=self.token, seq=seq, name=name,
+                                       kind=kind, output_text=encode(value), attempt=attempt,
+                                       started=started or now()):
+            raise self._refused(seq)
+
+    def _insert(self, rows: list[tuple]) -> None:
+        if store.checkpoints_insert(self.cursor, rows, token=self.token) != len(rows):
+            raise self._refused(rows[0][1])
+
+    def _settle(self, seq: int, status: str, **fields) -> bool:
+        return store.checkpoint_settle(run_id=self.run_id, token=self.token, seq=seq, status=status, **fields)
+
+    def _row(self, checkpoint: _Checkpoint, column: str):
+        return decode(getattr(checkpoint, column), column=f"checkpoint.{column}", row=f"{self.run_id}#{checkpoint.seq}")
+
+    def _failed(self, checkpoint: _Checkpoint, cls=StepFailed) -> StepFailed:
+        return cls(checkpoint.name, self._row(checkpoint, "error"))
+
+    # -- steps
+
+    @ctx_call
+    def step(self, name: str, fn: Callable, *args, retries: int = 0, backoff: str = "exponential",
+             backoff_base: float = 1.0, backoff_cap: float = 60.0, jitter: bool = True,
+             timeout: float | None = None, queue: str | None = None):
+        """Run `fn(*args)` once and checkpoint its JSON result.
+
+        Inline (the default) it runs inside the turn: at-least-once execution, exactly-once
+        checkpoint. With `queue=` it is dispatched to that Celery queue and the turn suspends until
+        its result settles. Failures are retried `retries` times with fixed or exponential backoff
+        (capped, with jitter); `timeout` is the longest silence allowed (each heartbeat re-arms it).
+        """
+        seq, checkpoint = self._next(name, "step")
+        if checkpoint is not None:
+            if checkpoint.status == StepStatus.COMPLETED:
+                return self._row(checkpoint, "output")
+            if checkpoint.status == StepStatus.FAILED:
+                raise self._failed(checkpoint)
+            if checkpoint.queue:
+                raise Suspend()
+            # an inline step waiting for its retry
+            if checkpoint.wake_at is not None and checkpoint.wake_at > now():
+                raise Suspend(checkpoint.wake_at)
+            options = step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout)
+            return self._run_inline(seq, name, fn, args, options, previous_attempt=checkpoint.attempt)
+        if not retries and timeout is None and not queue:
+            options = _NO_RETRIES  # the hot path: nothing to validate or build
+        else:
+            options = step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout)
+        if queue:
+            self._enqueue(seq, name, fn, args, queue, options)
+            raise Suspend()
+        return self._run_inline(seq, name, fn, args, options, previous_attempt=None)
+
+    def _run_inline(self, seq, name, fn, args, options, *, previous_attempt: int | None):
+        attempt = (previous_attempt or 0) + 1
+        started = now()
+        try:
+            result = fn(*args)  # inline: the turn's lease keeper vouches for liveness, heartbeats are no-ops
+        except Exception as exc:
+            return self._inline_failed(seq, name, exc, options, attempt, previous_attempt)
+        if previous_attempt is None:
+            self._record(seq, name, "step", result, started=started, attempt=attempt)
+        elif not self._settle(seq, StepStatus.COMPLETED, output_text=encode(result), attempt=previous_attempt,
+                              set_attempt=attempt):
+            raise self._refused(seq)
+        return result
+
+    def _inline_failed(self, seq, name, exc, options, attempt, previous_attempt):
+        error = encode(error_payload(exc))
+        retries_left = options.get("retries", 0) - (attempt - 1)
+        wake_at = now() + timedelta(seconds=backoff_delay(options, attempt)) if retries_left > 0 else None
+        status = StepStatus.PENDING if wake_at else StepStatus.FAILED
+        if previous_attempt is None:
+            self._insert([checkpoint_row(self.run_id, seq, name, "step", options=options, attempt=attempt,
+                                         wake_at=wake_at, error=error, status=status, started_at=now(),
+                                         completed_at=None if wake_at else now())])
+        elif not self._settle(seq, status, error_text=error, attempt=previous_attempt, set_attempt=attempt,
+                              wake_at=wake_at):
+            raise self._refused(seq)
+        if wake_at:
+            raise Suspend(wake_at) from None
+        raise StepFailed(name, decode(error)) from exc
+
+    def _enqueue(self, seq, name, fn, args, queue, options) -> None:
+        redispatch = now() + timedelta(seconds=durable_settings().redispatch_after_seconds)
+        payload = encode({"fn": callable_path(fn), "args": list(args)})
+        with transaction.atomic():
+            self._insert([checkpoint_row(self.run_id, seq, name, "step", input=payload, queue=queue, options=options,
+                                         wake_at=redispatch)])
+            dispatch_steps(self.run_id, [seq], queue, self.priority)
+
+    @ctx_call
+    def transaction(self, name: str, fn: Callable, *args):
+        """Run `fn(*args)` and write its checkpoint in one database transaction: its writes happen
+        exactly once, whatever crashes or retries happen around it."""
+        seq, checkpoint = self._next(name, "step")
+        if checkpoint is not None:
+            if checkpoint.status == StepStatus.COMPLETED:
+                return self._row(checkpoint, "output")
+            raise self._failed(checkpoint)
+        started = now()
+        with transaction.atomic():
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                _user_error(exc)
+                raise
+            self._record(seq, name, "step", result, started=started)
+        return result
+
+    # -- recorded values
+
+    @ctx_call
+    def now(self) -> datetime:
+        """The current time, recorded once: a replay sees the same instant."""
+        seq, checkpoint = self._next("now", "value")
+        if checkpoint is not None:
+            return datetime.fromisoformat(self._row(checkpoint, "output"))
+        value = now()
+        self._record(seq, "now", "value", value.isoformat())
+        return value
+
+    @ctx_call
+    def uuid(self) -> uuid.UUID:
+        """A random UUID, recorded once."""
+        seq, checkpoint = self._next("uuid", "value")
+        if checkpoint is not None:
+            return uuid.UUID(self._row(checkpoint, "output"))
+        value = uuid.uuid4()
+        self._record(seq, "uuid", "value", str(value))
+        return value
+
+    @ctx_call
+    def side_effect(self, fn: Callable, *args, name: str = "side_effect"):
+        """Run a non-deterministic `fn` once and record its JSON result for every replay."""
+        seq, checkpoint = self._next(name, "value")
+        if checkpoint is not None:
+            return self._row(checkpoint, "output")
+        try:
+            value = fn(*args)
+        except BaseException as exc:
+            _user_error(exc)
+            raise
+        self._record(seq, name, "value", value)
+        return value
+
+    def random(self, seed_name: str = "random") -> random.Random:
+        """A random generator seeded once and recorded, so a resumed run makes the same choices."""
+        seed = self.side_effect(lambda: random.getrandbits(63), name=seed_name)
+        return random.Random(seed)
+
+    @ctx_call
+    def set_attributes(self, attributes: dict) -> None:
+        """Set search attributes (filterable in the list: eq/ne/gt/gte/lt/lte), once per call site."""
+        seq, checkpoint = self._next("set_attributes", "value")
+        if checkpoint is not None:
+            return
+        with transaction.atomic():
+            upsert_attributes(self.run_id, attributes)
+            self._record(seq, "set_attributes", "value", sorted(attributes))
+
+    def heartbeat(self, progress=None) -> None:
+        from durable.steps import heartbeat
+
+        heartbeat(progress)
+
+    @ctx_call
+    def continue_as_new(self, input=None):
+        """End this run's history and start it afresh with `input`, under the same run id: a loop
+        that runs for ever (a schedule, an evolution) never replays an unbounded history. Does not
+        return."""
+        encode(input)  # refuse a value that cannot be stored, here, where the workflow can see it
+        raise ContinueAsNew(input)
+
+    # -- timers
+
+    @ctx_call
+    def sleep(self, seconds: float) -> None:
+        """Suspend the run for `seconds`; no worker is held while it sleeps."""
+        self._timer("sleep", now() + timedelta(seconds=max(0.0, float(seconds))))
+
+    @ctx_call
+    def sleep_until(self, when: datetime) -> None:
+        self._timer("sleep", when)
+
+    def _timer(self, name: str, wake_at: datetime) -> None:
+        seq, checkpoint = self._next(name, "sleep")
+        if checkpoint is not None:
+            if checkpoint.status == StepStatus.COMPLETED:
+                return
+            if checkpoint.wake_at is None or checkpoint.wake_at <= now():
+                if not self._settle(seq, StepStatus.COMPLETED, output_text=encode(None)):
+                    raise self._refused(seq)
+                return
+            raise Suspend(checkpoint.wake_at)
+        if wake_at <= now():
+            self._record(seq, name, "sleep", None)
+            return
+        self._insert([checkpoint_row(self.run_id, seq, name, "sleep", wake_at=wake_at, started_at=now())])
+        raise Suspend(wake_at)
+
+    # -- signals and events
+
+    @ctx_call
+    def wait_for_signal(self, name: str, timeout: float | None = None, default=None):
+        """Wait for the signal `name` sent to this run and return its payload (`default` on timeout).
+        A signal sent before the wait is buffered and consumed here, never lost."""
+        seq, checkpoint = self._next(name, "signal")
+        if checkpoint is not None:
+            return self._resolve_wait(seq, checkpoint, default)
+        deadline = now() + timedelta(seconds=timeout) if timeout is not None else None
+        with transaction.atomic():
+            lock_signal(self.run_id, name)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"DELETE FROM {store.SIGNAL_TABLE} WHERE id = (SELECT id FROM {store.SIGNAL_TABLE} "
+                    "WHERE run_id = %s AND name = %s ORDER BY id LIMIT 1 FOR UPDATE) RETURNING payload",
+                    [self.run_id, name],
+                )
+                buffered = cursor.fetchone()
+            if buffered is not None:
+                payload = decode(buffered[0], column="signal.payload", row=self.run_id)
+                self._record(seq, name, "signal", {"payload": payload})
+                return payload
+            self._wait(seq, name, "signal", name, {}, deadline)
+        raise Suspend(deadline)
+
+    @ctx_call
+    def wait_for_event(self, name: str, match: dict | None = None, timeout: float | None = None, default=None):
+        """Wait for an event `name` of this run's namespace whose payload contains `match` (JSON
+        containment) and return the payload. An event published earlier with no waiter is buffered
+        (until its TTL) and taken here."""
+        match = match or {}
+        seq, checkpoint = self._next(name, "event")
+        if checkpoint is not None:
+            return self._resolve_wait(seq, checkpoint, default)
+        deadline = now() + timedelta(seconds=timeout) if timeout is not None else None
+        with transaction.atomic():
+            lock_event(self.namespace, name)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"DELETE FROM {store.EVENT_TABLE} WHERE id = (SELECT id FROM {store.EVENT_TABLE} "
+                    "WHERE namespace = %s AND name = %s AND payload @> %s::jsonb AND expires_at > statement_timestamp() "
+                    "ORDER BY created_at, id LIMIT 1 FOR UPDATE) RETURNING payload",
+                    [self.namespace, name, json.dumps(match)],
+                )
+                buffered = cursor.fetchone()
+            if buffered is not None:
+                payload = buffered[0] if not isinstance(buffered[0], str) else json.loads(buffered[0])
+                self._record(seq, name, "event", {"payload": payload})
+                return payload
+            self._wait(seq, name, "event", name, match, deadline)
+        raise Suspend(deadline)
+
+    def _wait(self, seq, name, kind, key, match, deadline) -> None:
+        self._insert([checkpoint_row(self.run_id, seq, name, kind, wake_at=deadline, started_at=now())])
+        store.waiter_insert(run_id=self.run_id, seq=seq, kind=kind, key=key, match=match)
+
+    def _resolve_wait(self, seq, checkpoint: _Checkpoint, default):
+        if checkpoint.status == StepStatus.COMPLETED:
+            value = self._row(checkpoint, "output") or {}
+            return default if value.get("timed_out") else value.get("payload")
+        if checkpoint.status == StepStatus.FAILED:
+            raise self._failed(checkpoint)
+        if checkpoint.wake_at is not None and checkpoint.wake_at <= now():
+            with transaction.atomic():
+                if checkpoint.kind == "signal":
+                    lock_signal(self.run_id, checkpoint.name)
+                else:
+                    lock_event(self.namespace, checkpoint.name)
+                if not self._settle(seq, StepStatus.COMPLETED, output_text=encode({"timed_out": True})):
+                    # the signal won the race: read what it delivered
+                    raise Suspend()
+                store.waiter_delete(self.run_id, seq)
+            return default
+        raise Suspend(checkpoint.wake_at)
+
+    # -- children and fans
+
+    def child_id(self, seq: int) -> str:
+        """A child's run id: stable across turns and plain retries, new for each history (epoch)."""
+        return f"{self.run_id}/{seq}" if not self.epoch else f"{self.run_id}/{self.epoch}.{seq}"
+
+    @ctx_call
+    def child(self, workflow: str, input=None, *, name: str | None = None, tags: Sequence[str] = ()):
+        """Start a child run of `workflow` and return its output once it completes (ChildFailed if not)."""
+        label = name or workflow
+        seq, checkpoint = self._next(label, "child")
+        if checkpoint is not None:
+            if checkpoint.status == StepStatus.COMPLETED:
+                return self._row(checkpoint, "output")
+            if checkpoint.status == StepStatus.FAILED:
+                raise self._failed(checkpoint, ChildFailed)
+            raise Suspend()
+        get_workflow(workflow)  # fail fast, in the parent, on an unknown name
+        with transaction.atomic():
+            row = self._child_row(seq, label, workflow, input, tags, group=None)
+            self._insert([row])
+        raise Suspend()
+
+    def _child_row(self, seq, label, workflow, input, tags, group) -> tuple:
+        child_id = self.child_id(seq)
+        created = store.run_insert(run_id=child_id, workflow=workflow, input_text=encode(input),
+                                   namespace=self.namespace, tags=list(tags) or list(self.tags),
+                                   priority=self.priority, parent_id=self.run_id, parent_seq=seq)
+        if not created:
+            # the child exists (a retry of this run): an ended child answers now, a live one reports when it ends
+            existing = store.child_lock(child_id)
+            if existing is not None and existing[0] in RunStatus.TERMINAL:
+                status, output, error = existing
+                self.wake_now = True
+                if status == RunStatus.COMPLETED:
+                    return checkpoint_row(self.run_id, seq, label, "child", child_run_id=child_id, group=group,
+                                          status=StepStatus.COMPLETED, output=output, started_at=now(),
+                                          completed_at=now())
+                error = store.child_error_text(child_id, status, error)
+                return checkpoint_row(self.run_id, seq, label, "child", child_run_id=child_id, group=group,
+                                      status=StepStatus.FAILED, error=error, started_at=now(), completed_at=now())
+        return checkpoint_row(self.run_id, seq, label, "child", child_run_id=child_id, group=group, started_at=now())
+
+    @ctx_call
+    def all(self, items: Iterable[Step | Child], *, mode: str = "wait_all", return_exceptions: bool = False) -> list:
+        """Run steps and children in parallel and return their results in order.
+
+        `mode="wait_all"` waits for every item, then raises FanFailed if any failed (or, with
+        `return_exceptions=True`, puts the StepFailed in its place); `mode="fail_fast"` raises the
+        first failure as soon as it settles (which one is recorded, so every replay raises the same).
+        """
+        if mode not in ("wait_all", "fail_fast"):
+            raise ValueError(f"mode must be 'wait_all' or 'fail_fast', not {mode!r}")
+        items = list(items)
+        if not items:
+            return []
+        first = self._seq
+        checkpoints = []
+        for item in items:
+            kind = "step" if isinstance(item, Step) else "child"
+            label = item.name if isinstance(item, Step) else (item.name or item.workflow)
+            checkpoints.append(self._next(label, kind)[1])
+        existing = [cp for cp in checkpoints if cp is not None]
+        if not existing:
+            self._start_fan(first, items)
+            raise Suspend()
+        if len(existing) != len(items):
+            raise NonDeterminismError(f"fan at seq {first} has {len(existing)} checkpoints for {len(items)} items")
+        failures: dict[int, StepFailed] = {}
+        waiting = False
+        for index, cp in enumerate(checkpoints):
+            if cp.status == StepStatus.FAILED:
+                failures[index] = self._failed(cp, ChildFailed if cp.kind == "child" else StepFailed)
+            elif cp.status != StepStatus.COMPLETED:
+                waiting = True
+        if mode == "fail_fast":
+            recorded = self._checkpoints.get(self._seq)
+            if recorded is not None and recorded.kind == "value" and recorded.name == "fail_fast":
+                self._next("fail_fast", "value")
+                index = self._row(recorded, "output")
+                if index not in failures:
+                    raise NonDeterminismError(f"fan at seq {first} recorded item {index} as its failure, "
+                                              "but that item has not failed")
+                raise failures[index]
+            if failures:
+                index = min(failures)
+                seq, _ = self._next("fail_fast", "value")
+                self._record(seq, "fail_fast", "value", index)
+                raise failures[index]
+        if waiting:
+            raise Suspend()
+        results = [failures[i] if i in failures else self._row(cp, "output") for i, cp in enumerate(checkpoints)]
+        if failures and not return_exceptions:
+            raise FanFailed(failures, results)
+        return results
+
+    def _start_fan(self, first: int, items: list) -> None:
+        default_queue = durable_settings().default_step_queue
+        rows, by_queue = [], {}
+        redispatch = now() + timedelta(seconds=durable_settings().redispatch_after_seconds)
+        with transaction.atomic():
+            for offset, item in enumerate(items):
+                seq = first + offset
+                if isinstance(item, Step):
+                    queue = item.queue or default_queue
+                    options = step_options(item.retries, item.backoff, item.backoff_base, item.backoff_cap,
+                                           item.jitter, item.timeout)
+                    payload = encode({"fn": callable_path(item.fn), "args": list(item.args)})
+                    rows.append(checkpoint_row(self.run_id, seq, item.name, "step", input=payload, queue=queue,
+                                               options=options, group=first, wake_at=redispatch))
+                    by_queue.setdefault(queue, []).append(seq)
+                else:
+                    get_workflow(item.workflow)
+                    rows.append(self._child_row(seq, item.name or item.workflow, item.workflow, item.input,
+                                                item.tags, group=first))
+            self._insert(rows)
+            for queue, seqs in by_queue.items():
+                dispatch_steps(self.run_id, seqs, queue, self.priority)
+
+
+def lock_signal(run_id: str, name: str) -> None:
+    # serialises a wait's "buffered signal? else register a waiter" with a send's
+    # "waiter? else buffer", so neither can miss the other
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"durable:signal:{run_id}:{name}"])
+
+
+def lock_event(namespace: str, name: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                       [f"durable:event:{namespace}:{name}"])
+
+
+def upsert_attributes(run_id: str, attributes: dict) -> None:
+    # attributes exist to be searched, so they are stored as plain text/JSON, never through the payload codec
+    from django.core.serializers.json import DjangoJSONEncoder
+
+    rows = []
+    for key, value in attributes.items():
+        key = str(key)
+        if not key or len(key) > 100:
+            raise ValueError(f"attribute names are 1 to 100 characters, not {key[:120]!r}")
+        number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        text = value if isinstance(value, str) else json.dumps(value, cls=DjangoJSONEncoder)
+        rows.append((run_id, key, text, number))
+    if not rows:
+        return
+    placeholders = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {store.ATTR_TABLE} (run_id, key, value, value_num) VALUES {placeholders} "
+            "ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value, value_num = EXCLUDED.value_num",
+            [v for row in rows for v in row],
+        )

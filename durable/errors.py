@@ -1,0 +1,82 @@
+"""The engine's exceptions.
+
+Errors a workflow may catch (a failed step, a failed child, a failed fan) are ``Exception``
+subclasses. Control flow that stops a turn (a suspension, a lost lease, an engine write that
+failed, a non-deterministic replay, a misused ``ctx``) derives from ``BaseException``, so
+workflow code's ``except Exception`` cannot swallow it; the context also remembers it, so a
+turn whose code swallowed one anyway (``except BaseException``, a ``finally`` that returns)
+still ends the way the engine decided.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+class DurableError(Exception):
+    pass
+
+
+class StepFailed(DurableError):
+    """A step (or child) failed for good; raised into the workflow, which may catch it."""
+
+    def __init__(self, name: str, error: dict | None):
+        self.name = name
+        self.error = error or {}
+        super().__init__(f"step {name!r} failed: {self.error.get('type', 'Error')}: {self.error.get('message', '')}")
+
+
+class ChildFailed(StepFailed):
+    pass
+
+
+class FanFailed(DurableError):
+    """One or more items of ``ctx.all`` failed (wait_all, return_exceptions=False)."""
+
+    def __init__(self, failures: dict[int, StepFailed], results: list):
+        self.failures = failures
+        self.results = results
+        first = next(iter(failures.values()))
+        super().__init__(f"{len(failures)} of {len(results)} fan items failed; first: {first}")
+
+
+class TurnInterrupted(DurableError):
+    """A turn stopped because the engine's own database write failed (raised to the Celery task,
+    which retries it; the run itself is released for a later turn, never failed)."""
+
+
+class _ControlFlow(BaseException):
+    """Raised through user code to stop a turn; BaseException so `except Exception` cannot swallow it."""
+
+
+class Suspend(_ControlFlow):
+    def __init__(self, wake_at: datetime | None = None):
+        super().__init__(wake_at)
+        self.wake_at = wake_at
+
+
+class LeaseLost(_ControlFlow):
+    pass
+
+
+class NonDeterminismError(_ControlFlow):
+    pass
+
+
+class WorkflowMisuse(_ControlFlow):
+    """The workflow used ``ctx`` in a way that cannot be made durable (a wait inside the workflow's
+    own ``transaction.atomic()``, a ``ctx`` call after the turn suspended): the run fails with this."""
+
+
+class EngineWriteFailed(_ControlFlow):
+    """An engine statement failed (database down, connection lost, serialization failure)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+class ContinueAsNew(_ControlFlow):
+    def __init__(self, input):
+        super().__init__("continue as new")
+        self.input = input

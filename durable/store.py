@@ -1,0 +1,831 @@
+"""Every statement that changes a run's or a step's status, in one place.
+
+The turn code (``durable.turns``, ``durable.context``), the queued-step worker
+(``durable.steps``), the tick, the operator services and retention call these named
+functions; none of them writes a status of its own. Each transition is a compare-and-set,
+and its docstring says what a crash right after its commit leaves behind and who picks it
+up.
+
+Fences. A turn's writes are fenced by its lease: each one holds a share lock on the run row
+while it checks ``locked_by`` is still this turn's token, so a cancel, a lease recovery or a
+retry (which all rewrite the run row) either waits for the write to commit or makes it
+refuse. A queued step's settle is fenced by the checkpoint row's id and attempt: a retry
+deletes and re-creates checkpoints (new ids) and every claim increments the attempt, so the
+pair never repeats and a slow worker's old result never lands in a new attempt. A child's
+report to its parent is fenced by the child's run id, which changes with every new history
+(epoch) of the parent.
+
+Lock order. Whoever locks two runs locks the child before the parent (a child's finish
+settles and wakes its parent; a cancel locks descendants leaf first, then the root), and a
+settle takes its fan's advisory lock before waking the run, so these never deadlock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+import psycopg
+from django.db import connection, transaction
+
+from durable.dispatch import dispatch_steps, dispatch_turn
+from durable.states import RunStatus, StepStatus
+
+RUN_TABLE = "durable_durablerun"
+CP_TABLE = "durable_stepcheckpoint"
+WAITER_TABLE = "durable_signalwaiter"
+SIGNAL_TABLE = "durable_bufferedsignal"
+EVENT_TABLE = "durable_bufferedevent"
+ATTR_TABLE = "durable_runattribute"
+
+
+
+def _sql_list(values: Iterable[str]) -> str:
+    return "(" + ", ".join(f"'{value}'" for value in sorted(values)) + ")"
+
+
+ACTIVE = _sql_list(RunStatus.ACTIVE)  # ('pending', 'running', 'suspended')
+OPEN = _sql_list(StepStatus.OPEN)  # ('pending', 'running')
+
+# a turn's write goes through only while the run is still leased to that turn
+LEASE_FENCE = f"EXISTS (SELECT 1 FROM {RUN_TABLE} WHERE id = %s AND locked_by = %s FOR SHARE)"
+
+
+def raw_cursor() -> psycopg.Cursor:
+    """A server-side-binding psycopg cursor on Django's connection, so hot statements get prepared."""
+    connection.ensure_connection()
+    return psycopg.Cursor(connection.connection)
+
+
+# ---------------------------------------------------------------------------------------- creation
+
+
+INSERT_RUN_SQL = f"""
+INSERT INTO {RUN_TABLE} (id, workflow, namespace, status, input, output, error, tags, priority, parent_id,
+    parent_seq, wake_pending, dispatched_at, locked_by, recovery_attempts, turns, epoch, created_at, updated_at)
+VALUES (%s, %s, %s, 'pending', %s, '', '', %s, %s, %s, %s, true, statement_timestamp(), '', 0, 0, 0,
+        statement_timestamp(), statement_timestamp())
+ON CONFLICT (id) DO NOTHING
+"""
+
+
+def run_insert(*, run_id: str, workflow: str, input_text: str, namespace: str, tags: Sequence[str], priority: int,
+               parent_id: str | None = None, parent_seq: int | None = None, dispatch: bool = True) -> bool:
+    """Insert a pending run (idempotent on its id) and dispatch its first turn after commit.
+    Crash after commit: the row is pending with wake_pending, so the tick's lost-wake pass sends
+    the turn. Returns False when the id exists."""
+    with connection.cursor() as cursor:
+        cursor.execute(INSERT_RUN_SQL, [run_id, workflow, namespace, input_text, list(tags), priority, parent_id,
+                                        parent_seq])
+        created = cursor.rowcount == 1
+    if created and dispatch:
+        dispatch_turn(run_id, priority)
+    return created
+
+
+# ------------------------------------------------------------------------------------------- wakes
+
+
+WAKE_SQL = f"""
+UPDATE {RUN_TABLE} SET wake_pending = true, dispatched_at = statement_timestamp(), updated_at = statement_timestamp()
+WHERE id = %s AND status IN {ACTIVE}
+RETURNING priority, (status = 'running' AND locked_until > statement_timestamp()) AS busy
+"""
+
+
+def run_wake(run_id: str) -> bool:
+    """Ask for a turn. A run whose turn is in flight is only flagged: that turn sees the flag when
+    it releases the run and dispatches the next turn itself, so a wake during a turn is never lost.
+    Called inside the transaction of the change that caused it; crash after commit: wake_pending
+    is set and the tick re-sends the turn."""
+    with connection.cursor() as cursor:
+        cursor.execute(WAKE_SQL, [run_id])
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    priority, busy = row
+    if not busy:
+        dispatch_turn(run_id, priority)
+    return True
+
+
+FAN_PENDING_SQL = f"""
+SELECT seq FROM {CP_TABLE}
+WHERE run_id = %s AND parallel_group = %s AND status IN {OPEN}
+ORDER BY seq DESC LIMIT 1
+"""
+
+
+def fan_has_pending(run_id: str, group: int) -> bool:
+    cursor = raw_cursor()
+    cursor.execute(FAN_PENDING_SQL, (run_id, group), prepare=True)
+    return cursor.fetchone() is not None
+
+
+def fan_join_wake(run_id: str, groups: Iterable[int]) -> bool:
+    """Wake the run if one of these fans has nothing left open. Runs inside the settling
+    transaction, after the settle: the fan's advisory lock serialises the check of every settler,
+    so when two workers settle a fan's last chunks at once the second to lock sees the first's
+    commit and wakes the run (each check is a new statement, hence a new snapshot)."""
+    for group in sorted(set(groups)):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"durable:fan:{run_id}:{group}"])
+        if not fan_has_pending(run_id, group):
+            return run_wake(run_id)
+    return False
+
+
+# ------------------------------------------------------------------------------------------- turns
+
+
+CLAIM_SQL = f"""
+UPDATE {RUN_TABLE}
+SET status = 'running', locked_by = %s, locked_until = statement_timestamp() + make_interval(secs => %s),
+    wake_pending = false, wake_at = NULL, turns = turns + 1, started_at = COALESCE(started_at, statement_timestamp()),
+    updated_at = statement_timestamp()
+WHERE id = %s AND status IN {ACTIVE} AND (locked_until IS NULL OR locked_until < statement_timestamp())
+RETURNING workflow, input, namespace, priority, tags, turns, parent_id, epoch
+"""
+
+
+def run_claim(cursor: psycopg.Cursor, run_id: str, token: str, lease_seconds: float):
+    """Take the run's lease for one turn. Crash after commit: the lease expires and the tick's
+    recovery pass hands the run to another worker (counting a recovery attempt)."""
+    cursor.execute(CLAIM_SQL, (token, lease_seconds, run_id), prepare=True)
+    return cursor.fetchone()
+
+
+RELEASE_SQL = f"""
+UPDATE {RUN_TABLE}
+SET status = 'suspended', wake_at = %s, locked_by = '', locked_until = NULL, updated_at = statement_timestamp(),
+    recovery_attempts = 0, wake_pending = wake_pending OR %s,
+    dispatched_at = CASE WHEN wake_pending OR %s THEN statement_timestamp() ELSE dispatched_at END
+WHERE id = %s AND locked_by = %s AND status = 'running'
+RETURNING wake_pending, priority
+"""
+
+
+def run_release(run_id: str, token: str, wake_at: datetime | None, *, wake_now: bool = False) -> bool | None:
+    """End a turn that suspended: the run waits for its next wake. A turn that completed normally
+    made progress, so the recovery counter resets. Returns whether a new turn was dispatched
+    (a wake arrived during the turn, or `wake_now`), None when the lease was lost.
+    Crash after commit: a due timer is found by the timer pass, a pending wake by the lost-wake pass."""
+    with connection.cursor() as cursor:
+        cursor.execute(RELEASE_SQL, [wake_at, wake_now, wake_now, run_id, token])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    wake_pending, priority = row
+    if wake_pending:
+        dispatch_turn(run_id, priority)
+    return bool(wake_pending)
+
+
+def run_release_aborted(run_id: str, token: str, *, delay_seconds: float, max_attempts: int, error_text: str) -> str:
+    """Give the run back after a turn whose engine write failed: it is turned again after
+    `delay_seconds` (the timer pass resumes it), counting a recovery attempt; past `max_attempts`
+    it is dead. Returns the run's new status, or "" when the lease was already gone."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {RUN_TABLE} SET recovery_attempts = recovery_attempts + 1, locked_by = '', locked_until = NULL,
+                    status = CASE WHEN recovery_attempts + 1 > %s THEN 'dead' ELSE 'suspended' END,
+                    error = CASE WHEN recovery_attempts + 1 > %s THEN %s ELSE error END,
+                    ended_at = CASE WHEN recovery_attempts + 1 > %s THEN statement_timestamp() END,
+                    wake_at = statement_timestamp() + make_interval(secs => %s), updated_at = statement_timestamp()
+                WHERE id = %s AND locked_by = %s AND status = 'running'
+                RETURNING status, parent_id, parent_seq""",
+            [max_attempts, max_attempts, error_text, max_attempts, delay_seconds, run_id, token],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return ""
+        status, parent_id, parent_seq = row
+        if status == RunStatus.DEAD:
+            _end_open_work([run_id])
+            if parent_id:
+                child_report(parent_id=parent_id, parent_seq=parent_seq, child_id=run_id, child_status=status,
+                             output_text="", error_text=error_text)
+    return status
+
+
+FINISH_SQL = f"""
+UPDATE {RUN_TABLE}
+SET status = %s, output = %s, error = %s, ended_at = statement_timestamp(), locked_by = '', locked_until = NULL,
+    wake_at = NULL, wake_pending = false, updated_at = statement_timestamp()
+WHERE id = %s AND locked_by = %s AND status = 'running'
+RETURNING parent_id, parent_seq
+"""
+
+
+def run_finish(run_id: str, token: str, status: str, *, output_text: str = "", error_text: str = "",
+               open_work: bool = False, has_parent: bool = True) -> tuple | None:
+    """Record the run's end: a compare-and-set on its status and lease. Its open checkpoints (queued
+    steps a fail_fast left behind, waits it stopped waiting for) are cancelled and its waiters
+    dropped when `open_work`; a child reports to its parent in the same transaction (settling the
+    parent's checkpoint and, when its join allows, waking it). Crash after commit: nothing is left
+    to do but the close policy (active children of the ended run), which the caller applies after
+    the commit; children missed by a crash there run to their end and report to a parent that no
+    longer waits. Returns (parent_id, parent_seq), or None when the lease was lost."""
+    params = [status, output_text, error_text, run_id, token]
+    needs_transaction = has_parent or open_work
+    with transaction.atomic(durable=False) if needs_transaction else _nullcontext():
+        cursor = raw_cursor() if not needs_transaction else None
+        if cursor is not None:
+            cursor.execute(FINISH_SQL, params, prepare=True)
+            row = cursor.fetchone()
+        else:
+            with connection.cursor() as django_cursor:
+                django_cursor.execute(FINISH_SQL, params)
+                row = django_cursor.fetchone()
+        if row is None:
+            return None
+        if open_work:
+            _end_open_work([run_id])
+        parent_id, parent_seq = row
+        if parent_id:
+            child_report(parent_id=parent_id, parent_seq=parent_seq, child_id=run_id, child_status=status,
+                         output_text=output_text, error_text=error_text)
+    return row
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def run_continue_as_new(run_id: str, token: str, input_text: str) -> bool:
+    """End the run's current history and start afresh with new input under the same id: its
+    checkpoints and waiters are deleted, its epoch moves on (children of the new history get new
+    ids) and a first turn is dispatched. Crash after commit: the run is pending with wake_pending,
+    found by the lost-wake pass."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {RUN_TABLE} SET status = 'pending', input = %s, epoch = epoch + 1, turns = 0, locked_by = '',
+                    locked_until = NULL, wake_pending = true, wake_at = NULL, recovery_attempts = 0,
+                    dispatched_at = statement_timestamp(), updated_at = statement_timestamp()
+                WHERE id = %s AND locked_by = %s AND status = 'running' RETURNING priority""",
+            [input_text, run_id, token],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return False
+        _end_open_work([run_id])
+        cursor.execute(f"DELETE FROM {CP_TABLE} WHERE run_id = %s", [run_id])
+        dispatch_turn(run_id, row[0])
+    return True
+
+
+def runs_renew_leases(leases: dict[str, str], lease_seconds: float) -> set[str]:
+    """Extend the leases of the turns this process runs; returns the runs whose lease was renewed
+    (a run missing from it was cancelled or recovered: its turn must stop writing)."""
+    run_ids, tokens = list(leases), [leases[run_id] for run_id in leases]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {RUN_TABLE} AS r SET locked_until = statement_timestamp() + make_interval(secs => %s)
+                FROM unnest(%s::text[], %s::text[]) AS l(id, token)
+                WHERE r.id = l.id AND r.locked_by = l.token AND r.status = 'running' RETURNING r.id""",
+            [lease_seconds, run_ids, tokens],
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+# --------------------------------------------------------------------------- a turn's checkpoints
+
+
+INSERT_DONE_SQL = f"""
+INSERT INTO {CP_TABLE} (run_id, seq, name, kind, status, input, output, error, queue, options, attempt,
+                        child_run_id, heartbeat_progress, created_at, started_at, completed_at)
+SELECT r.id, %s::int, %s, %s, 'completed', '', %s, '', '', '{{}}'::jsonb, %s::int, '', '', statement_timestamp(),
+       %s::timestamptz, statement_timestamp()
+FROM {RUN_TABLE} r WHERE r.id = %s AND r.locked_by = %s FOR SHARE
+ON CONFLICT (run_id, seq) DO NOTHING
+"""
+
+
+def checkpoint_record(cursor: psycopg.Cursor, *, run_id: str, token: str, seq: int, name: str, kind: str,
+                      output_text: str, attempt: int, started: datetime) -> bool:
+    """The hot path: a completed checkpoint in one prepared statement, fenced by the lease.
+    False when it was refused (lease lost, or the sequence number is taken)."""
+    cursor.execute(INSERT_DONE_SQL, (seq, name, kind, output_text, attempt, started, run_id, token), prepare=True)
+    return cursor.rowcount == 1
+
+
+INSERT_PENDING_COLUMNS = ("run_id", "seq", "name", "kind", "status", "input", "output", "error", "queue", "options",
+                          "attempt", "child_run_id", "heartbeat_progress", "parallel_group", "wake_at",
+                          "created_at", "started_at", "completed_at")
+_PENDING_TYPES = ("text", "int", "text", "text", "text", "text", "text", "text", "text", "jsonb", "int", "text",
+                  "text", "int", "timestamptz", "timestamptz", "timestamptz", "timestamptz")
+_PENDING_ROW = "(" + ", ".join(f"%s::{kind}" for kind in _PENDING_TYPES) + ")"
+
+
+def checkpoints_insert(cursor, rows: list[tuple], *, token: str | None = None, batch: int = 200) -> int:
+    """Multi-row inserts of checkpoints (200 rows a statement); returns rows written. With `token`
+    each statement is fenced by the turn's lease (rows of the first row's run)."""
+    written = 0
+    columns = ", ".join(INSERT_PENDING_COLUMNS)
+    for start in range(0, len(rows), batch):
+        chunk = rows[start:start + batch]
+        values = ", ".join([_PENDING_ROW] * len(chunk))
+        params = [value for row in chunk for value in row]
+        if token is None:
+            sql = f"INSERT INTO {CP_TABLE} ({columns}) VALUES {values} ON CONFLICT (run_id, seq) DO NOTHING"
+        else:
+            sql = (f"INSERT INTO {CP_TABLE} ({columns}) SELECT * FROM (VALUES {values}) AS v WHERE {LEASE_FENCE} "
+                   "ON CONFLICT (run_id, seq) DO NOTHING")
+            params += [chunk[0][0], token]
+        cursor.execute(sql, params)
+        written += cursor.rowcount
+    return written
+
+
+def checkpoint_settle(*, run_id: str, token: str, seq: int, status: str, output_text: str = "",
+                      error_text: str = "", attempt: int | None = None, set_attempt: int | None = None,
+                      wake_at: datetime | None = None) -> bool:
+    """Settle (or, with status pending, re-arm for a retry) one of the turn's own open checkpoints:
+    a due timer, a wait that timed out, an inline step's retry. Fenced by the lease and, for
+    retries, by the attempt it expects."""
+    settled = status in StepStatus.SETTLED
+    sql = (f"UPDATE {CP_TABLE} SET status = %s, output = %s, error = %s, wake_at = %s, "
+           "completed_at = CASE WHEN %s THEN statement_timestamp() END, attempt = COALESCE(%s, attempt) "
+           f"WHERE run_id = %s AND seq = %s AND status IN {OPEN} AND {LEASE_FENCE}")
+    params = [status, output_text, error_text, wake_at, settled, set_attempt, run_id, seq, run_id, token]
+    if attempt is not None:
+        sql += " AND attempt = %s"
+        params.append(attempt)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
+
+
+def waiter_insert(*, run_id: str, seq: int, kind: str, key: str, match: dict) -> None:
+    """Register a wait; called in the transaction that wrote its (fenced) pending checkpoint."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {WAITER_TABLE} (run_id, seq, kind, key, match, created_at) "
+            "VALUES (%s, %s, %s, %s, %s::jsonb, statement_timestamp()) ON CONFLICT (run_id, seq) DO NOTHING",
+            [run_id, seq, kind, key, json.dumps(match)],
+        )
+
+
+def waiter_delete(run_id: str, seq: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {WAITER_TABLE} WHERE run_id = %s AND seq = %s", [run_id, seq])
+
+
+def child_lock(child_id: str):
+    """An existing child's (status, output, error), share-locked until the caller's transaction ends,
+    so the child cannot end between this read and the parent's checkpoint insert (its finish would
+    then find no checkpoint to settle). None when the child does not exist."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT status, output, error FROM {RUN_TABLE} WHERE id = %s FOR SHARE", [child_id])
+        return cursor.fetchone()
+
+
+def child_report(*, parent_id: str, parent_seq: int, child_id: str, child_status: str, output_text: str,
+                 error_text: str) -> bool:
+    """A child ended: settle the parent's checkpoint for it (fenced by the child's id, so a child of
+    an earlier history of the parent never settles the current one) and wake the parent when its
+    join allows. Runs in the transaction that ended the child. Returns whether it settled."""
+    status = StepStatus.COMPLETED if child_status == RunStatus.COMPLETED else StepStatus.FAILED
+    if status == StepStatus.FAILED:
+        error_text = child_error_text(child_id, child_status, error_text)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {CP_TABLE} SET status = %s, output = %s, error = %s, completed_at = statement_timestamp(), "
+            f"wake_at = NULL WHERE run_id = %s AND seq = %s AND child_run_id = %s AND status IN {OPEN} "
+            "RETURNING parallel_group",
+            [status, output_text if status == StepStatus.COMPLETED else "", error_text, parent_id, parent_seq,
+             child_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    group = row[0]
+    if group is None or status == StepStatus.FAILED:
+        run_wake(parent_id)
+    else:
+        fan_join_wake(parent_id, [group])
+    return True
+
+
+def child_error_text(child_id: str, child_status: str, error_text: str) -> str:
+    from durable.codec import decode, encode
+
+    error = decode(error_text, column="run.error", row=child_id) if error_text else None
+    if not isinstance(error, dict):
+        error = {}
+    message = error.get("message") or f"child run {child_id} ended {child_status}"
+    return encode({"type": error.get("type") or "ChildFailed", "message": message, "child_run_id": child_id,
+                   "child_status": child_status})
+
+
+# ------------------------------------------------------------------------------------ queued steps
+
+
+CLAIM_STEPS_SQL = f"""
+UPDATE {CP_TABLE} AS cp
+SET status = 'running', started_at = statement_timestamp(), attempt = cp.attempt + 1,
+    last_heartbeat_at = statement_timestamp(), wake_at = NULL,
+    timeout_at = statement_timestamp() + make_interval(secs => COALESCE((cp.options->>'timeout')::float8, %s))
+WHERE cp.run_id = %s AND cp.seq = ANY(%s) AND cp.status = 'pending' AND cp.queue <> ''
+  AND EXISTS (SELECT 1 FROM {RUN_TABLE} r WHERE r.id = cp.run_id AND r.status IN {ACTIVE})
+RETURNING cp.id, cp.seq, cp.name, cp.input, cp.options, cp.attempt, cp.parallel_group
+"""
+
+
+def steps_claim(run_id: str, seqs: Sequence[int], default_timeout: float) -> list[tuple]:
+    """Claim queued steps of an active run (pending -> running, attempt + 1, silence clock armed).
+    Crash after commit: the steps stay running until their timeout passes, then the tick's
+    timeout pass puts them back to pending and re-dispatches them."""
+    with connection.cursor() as cursor:
+        cursor.execute(CLAIM_STEPS_SQL, [default_timeout, run_id, list(seqs)])
+        return sorted(cursor.fetchall(), key=lambda row: row[1])
+
+
+REARM_SQL = f"""
+UPDATE {CP_TABLE} AS cp
+SET timeout_at = statement_timestamp() + make_interval(secs => COALESCE((cp.options->>'timeout')::float8, %s))
+FROM unnest(%s::bigint[], %s::int[]) AS c(id, attempt)
+WHERE cp.id = c.id AND cp.attempt = c.attempt AND cp.status = 'running'
+RETURNING cp.id
+"""
+
+
+def steps_settle(run_id: str, settlements: list[tuple], *, rearm: Sequence[tuple] = (),
+                 default_timeout: float = 300.0) -> tuple[list[tuple], set[int]]:
+    """Settle results of one run's claimed steps and wake the run, in one transaction.
+
+    Each settlement is (id, attempt, status, output, error, retry_wake_at, started_at): a
+    compare-and-set on the checkpoint's id, attempt and running status that never rewrites the
+    input. `rearm` lists (id, attempt) of steps this worker claimed and has not started yet: their
+    silence clock restarts, and the ids still held are returned (a step that timed out meanwhile
+    belongs to someone else now). The wake (a finished sequential step, any failure, or a fan with
+    nothing left open) commits with the settle, so a crash after commit loses nothing.
+    Returns (settled (seq, status, group) rows, ids still held)."""
+    settled: list[tuple] = []
+    held: set[int] = set()
+    with transaction.atomic(), connection.cursor() as cursor:
+        for start in range(0, len(settlements), 200):
+            chunk = settlements[start:start + 200]
+            values = ", ".join(["(%s::bigint, %s::int, %s, %s, %s, %s::timestamptz, %s::timestamptz)"] * len(chunk))
+            cursor.execute(
+                f"""UPDATE {CP_TABLE} AS cp
+                        SET status = v.status, output = v.output, error = v.error, wake_at = v.wake_at,
+                            timeout_at = NULL, started_at = COALESCE(v.started_at, cp.started_at),
+                            completed_at = CASE WHEN v.status IN ('completed', 'failed') THEN statement_timestamp() END
+                        FROM (VALUES {values}) AS v(id, attempt, status, output, error, wake_at, started_at)
+                        WHERE cp.id = v.id AND cp.attempt = v.attempt AND cp.status = 'running'
+                        RETURNING cp.seq, cp.status, cp.parallel_group""",
+                [value for row in chunk for value in row],
+            )
+            settled.extend(cursor.fetchall())
+        if rearm:
+            cursor.execute(REARM_SQL, [default_timeout, [r[0] for r in rearm], [r[1] for r in rearm]])
+            held = {row[0] for row in cursor.fetchall()}
+        wake = False
+        groups = set()
+        for _seq, status, group in settled:
+            if status == StepStatus.PENDING:
+                continue  # a retry is scheduled; the tick dispatches it when due
+            if group is None or status == StepStatus.FAILED:
+                wake = True
+            else:
+                groups.add(group)
+        if wake:
+            run_wake(run_id)
+        elif groups:
+            fan_join_wake(run_id, groups)
+    return settled, held
+
+
+def step_heartbeat(*, step_id: int, attempt: int, timeout: float | None, progress_text: str,
+                   rearm: Sequence[tuple] = (), default_timeout: float = 300.0) -> set[int]:
+    """A running step's persisted heartbeat: re-arms its silence clock, records progress, and
+    re-arms the clocks of the steps queued behind it in the same claimed chunk (the worker is
+    alive, so they are not silent). Returns the queued ids still held."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {CP_TABLE} SET last_heartbeat_at = statement_timestamp(), heartbeat_progress = %s, "
+            "timeout_at = CASE WHEN %s::float8 IS NULL THEN NULL "
+            "ELSE statement_timestamp() + make_interval(secs => %s::float8) END "
+            "WHERE id = %s AND attempt = %s AND status = 'running'",
+            [progress_text, timeout, timeout, step_id, attempt],
+        )
+        if not rearm:
+            return set()
+        cursor.execute(REARM_SQL, [default_timeout, [r[0] for r in rearm], [r[1] for r in rearm]])
+        return {row[0] for row in cursor.fetchall()}
+
+
+def steps_time_out(*, max_timeouts: int, error_text: str, batch: int) -> list[tuple]:
+    """Running queued steps silent past their timeout: the attempt is abandoned and the step goes back
+    to pending for a re-dispatch (or fails once it timed out more than `max_timeouts` times, waking
+    the run in the same transaction). Crash after commit: the pending step's wake_at is due, so the
+    due-step pass re-dispatches it."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {CP_TABLE} SET status = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN 'failed'
+                                  ELSE 'pending' END,
+                    completed_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN statement_timestamp() END,
+                    wake_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN NULL
+                                   ELSE statement_timestamp() END,
+                    options = jsonb_set(options, '{{timeouts}}', to_jsonb(COALESCE((options->>'timeouts')::int, 0) + 1)),
+                    timeout_at = NULL, error = %s
+                WHERE id IN (SELECT cp.id FROM {CP_TABLE} cp WHERE cp.status = 'running'
+                               AND cp.timeout_at < statement_timestamp()
+                             ORDER BY cp.timeout_at LIMIT %s FOR UPDATE SKIP LOCKED)
+                RETURNING run_id, seq, status, queue""",
+            [max_timeouts] * 3 + [error_text, batch],
+        )
+        rows = cursor.fetchall()
+        for run_id, _seq, status, _queue in rows:
+            if status == StepStatus.FAILED:
+                run_wake(run_id)
+        by_run: dict[tuple[str, str], list[int]] = {}
+        for run_id, seq, status, queue in rows:
+            if status == StepStatus.PENDING:
+                by_run.setdefault((run_id, queue), []).append(seq)
+        for (run_id, queue), seqs in by_run.items():
+            dispatch_steps(run_id, seqs, queue)
+    return rows
+
+
+def steps_dispatch_due(*, redispatch_after: float, batch: int) -> list[tuple]:
+    """Queued steps of active runs whose retry is due or whose message was never picked up: push their
+    next re-dispatch time and send them again after commit. Crash after commit: they are due again
+    after `redispatch_after` seconds."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {CP_TABLE} SET wake_at = statement_timestamp() + make_interval(secs => %s)
+                WHERE id IN (SELECT cp.id FROM {CP_TABLE} cp WHERE cp.status = 'pending' AND cp.queue <> ''
+                               AND cp.wake_at <= statement_timestamp()
+                               AND EXISTS (SELECT 1 FROM {RUN_TABLE} r WHERE r.id = cp.run_id AND r.status IN {ACTIVE})
+                             ORDER BY cp.wake_at LIMIT %s FOR UPDATE SKIP LOCKED)
+                RETURNING run_id, seq, queue""",
+            [redispatch_after, batch],
+        )
+        rows = cursor.fetchall()
+        grouped: dict[tuple[str, str], list[int]] = {}
+        for run_id, seq, queue in rows:
+            grouped.setdefault((run_id, queue), []).append(seq)
+        for (run_id, queue), seqs in grouped.items():
+            dispatch_steps(run_id, seqs, queue)
+    return rows
+
+
+# ------------------------------------------------------------------------------ signals and events
+
+
+def signal_deliver(*, run_id: str, name: str, payload_text: str) -> str:
+    """Deliver a signal to the run's oldest waiter of that name (settling its checkpoint and waking
+    the run in this transaction), else buffer it. The caller holds the signal's advisory lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {WAITER_TABLE} WHERE id = (SELECT id FROM {WAITER_TABLE} WHERE run_id = %s AND kind = 'signal' "
+            "AND key = %s ORDER BY seq LIMIT 1) RETURNING seq", [run_id, name],
+        )
+        waiter = cursor.fetchone()
+        if waiter is not None:
+            cursor.execute(
+                f"UPDATE {CP_TABLE} SET status = 'completed', output = %s, completed_at = statement_timestamp(), "
+                "wake_at = NULL WHERE run_id = %s AND seq = %s AND status = 'pending'",
+                [payload_text, run_id, waiter[0]],
+            )
+            if cursor.rowcount == 1:
+                run_wake(run_id)
+                return "delivered"
+        return ""
+
+
+def event_deliver(*, namespace: str, name: str, payload_json: str, output_text: str) -> int:
+    """Settle the checkpoint of every run of `namespace` waiting for this event whose match the
+    payload contains, and wake them, in the caller's transaction. Returns runs reached."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {WAITER_TABLE} AS w USING {RUN_TABLE} AS r "
+            "WHERE w.run_id = r.id AND r.namespace = %s AND w.kind = 'event' AND w.key = %s "
+            "AND %s::jsonb @> w.match RETURNING w.run_id, w.seq",
+            [namespace, name, payload_json],
+        )
+        reached = 0
+        for run_id, seq in cursor.fetchall():
+            cursor.execute(
+                f"UPDATE {CP_TABLE} SET status = 'completed', output = %s, completed_at = statement_timestamp(), "
+                "wake_at = NULL WHERE run_id = %s AND seq = %s AND status = 'pending'",
+                [output_text, run_id, seq],
+            )
+            if cursor.rowcount == 1:
+                reached += 1
+                run_wake(run_id)
+    return reached
+
+
+# --------------------------------------------------------------------------------------- operators
+
+
+def _end_open_work(run_ids: list[str]) -> None:
+    """A run ended: its open checkpoints are cancelled (queued steps are never dispatched again) and
+    its waiters dropped. In the transaction that ended the runs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {CP_TABLE} SET status = 'cancelled', completed_at = statement_timestamp(), wake_at = NULL, "
+            f"timeout_at = NULL WHERE run_id = ANY(%s) AND status IN {OPEN}", [run_ids],
+        )
+        cursor.execute(f"DELETE FROM {WAITER_TABLE} WHERE run_id = ANY(%s)", [run_ids])
+
+
+def descendant_run_ids(run_ids: list[str], *, active_only: bool = False) -> list[str]:
+    """Every child, grandchild, ... of the given runs, deepest first, in one recursive query on the
+    parent index."""
+    status = f"WHERE status IN {ACTIVE}" if active_only else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""WITH RECURSIVE tree(id, status, depth) AS (
+                    SELECT id, status, 1 FROM {RUN_TABLE} WHERE parent_id = ANY(%s)
+                    UNION ALL SELECT r.id, r.status, tree.depth + 1 FROM {RUN_TABLE} r JOIN tree ON r.parent_id = tree.id)
+                SELECT id FROM tree {status} ORDER BY depth DESC, id""",
+            [run_ids],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+CANCEL_SQL = f"""
+UPDATE {RUN_TABLE} SET status = 'cancelled', error = %s, ended_at = statement_timestamp(), locked_by = '',
+    locked_until = NULL, wake_at = NULL, wake_pending = false, updated_at = statement_timestamp()
+WHERE id = ANY(%s) AND status IN {ACTIVE}
+RETURNING id, parent_id, parent_seq, workflow, input, namespace, tags
+"""
+
+
+def runs_cancel_tree(run_id: str, *, error_text: str, descendant_error_text: str, root: bool = True) -> tuple | None:
+    """Cancel a run (when `root`) and its active descendants: a compare-and-set on their status that
+    also clears the lease, so a turn still running there finds its writes refused (it can neither
+    checkpoint nor start children). Descendants are locked leaf first, then the root. Open
+    checkpoints are cancelled and waiters dropped in the same transaction; a cancelled child
+    reports to its parent. Returns the root's (parent_id, parent_seq, workflow, input, namespace,
+    tags), or None when it was not active (with `root=False`: the ended run's own row is untouched)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        descendants = descendant_run_ids([run_id], active_only=True)
+        if descendants:
+            cursor.execute(f"SELECT id FROM {RUN_TABLE} WHERE id = ANY(%s) ORDER BY array_position(%s, id) FOR UPDATE",
+                           [descendants, descendants])
+        row = None
+        if root:
+            cursor.execute(CANCEL_SQL, [error_text, [run_id]])
+            row = cursor.fetchone()
+            if row is None:
+                return None
+        # children created before the locks were taken are visible now
+        descendants = descendant_run_ids([run_id], active_only=True)
+        ended = [run_id] if root else []
+        if descendants:
+            cursor.execute(CANCEL_SQL, [descendant_error_text, descendants])
+            ended += [r[0] for r in cursor.fetchall()]
+        if ended:
+            _end_open_work(ended)
+        if row is not None and row[1]:
+            child_report(parent_id=row[1], parent_seq=row[2], child_id=run_id, child_status=RunStatus.CANCELLED,
+                         output_text="", error_text=error_text)
+    return row[1:] if row is not None else ()
+
+
+RETRY_FIELDS = ("status = 'pending', output = '', error = '', ended_at = NULL, recovery_attempts = 0, "
+                "wake_pending = true, dispatched_at = statement_timestamp(), wake_at = NULL, locked_by = '', "
+                "locked_until = NULL, updated_at = statement_timestamp()")
+
+
+def run_retry(run_id: str, *, input_text: str | None = None) -> int | None:
+    """Run a failed, cancelled or dead run again (with `input_text`: from the start with new input).
+
+    A plain retry keeps every completed checkpoint and drops the rest, and retries the run's failed,
+    cancelled or dead descendants the same way, so the whole tree resumes where it stopped (a child
+    that ended meanwhile settles its parent's checkpoint when the parent replays). New input starts
+    a new history (epoch + 1): every checkpoint is deleted and children start afresh with new ids.
+    Crash after commit: the runs are pending with wake_pending; the lost-wake pass sends their turns.
+    Returns the run's priority, or None when it was not retryable."""
+    retryable = _sql_list(RunStatus.RETRYABLE)
+    with transaction.atomic(), connection.cursor() as cursor:
+        fields = RETRY_FIELDS
+        params: list = []
+        if input_text is not None:
+            fields += ", input = %s, epoch = epoch + 1, turns = 0"
+            params.append(input_text)
+        cursor.execute(f"UPDATE {RUN_TABLE} SET {fields} WHERE id = %s AND status IN {retryable} "
+                       "RETURNING priority", [*params, run_id])
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        retried = [(run_id, row[0])]
+        if input_text is not None:
+            cursor.execute(f"DELETE FROM {CP_TABLE} WHERE run_id = %s", [run_id])
+        else:
+            descendants = descendant_run_ids([run_id])
+            if descendants:
+                cursor.execute(f"UPDATE {RUN_TABLE} SET {RETRY_FIELDS} WHERE id = ANY(%s) AND status IN {retryable} "
+                               "RETURNING id, priority", [descendants])
+                retried += cursor.fetchall()
+            cursor.execute(f"DELETE FROM {CP_TABLE} WHERE run_id = ANY(%s) AND status <> 'completed'",
+                           [[rid for rid, _ in retried]])
+        cursor.execute(f"DELETE FROM {WAITER_TABLE} WHERE run_id = ANY(%s)", [[rid for rid, _ in retried]])
+        for rid, priority in retried:
+            dispatch_turn(rid, priority)
+    return row[0]
+
+
+# -------------------------------------------------------------------------------------------- tick
+
+
+def runs_recover_expired(*, max_attempts: int, dead_error_text: str, batch: int) -> list[tuple]:
+    """Running runs whose lease expired (their worker died or stalled): count a recovery attempt
+    and suspend them with a wake, or mark them dead past `max_attempts` (their open work ended, the
+    parent told). Crash after commit: recovered runs have wake_pending (the lost-wake pass)."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {RUN_TABLE} SET recovery_attempts = recovery_attempts + 1, locked_by = '', locked_until = NULL,
+                    status = CASE WHEN recovery_attempts + 1 > %s THEN 'dead' ELSE 'suspended' END,
+                    error = CASE WHEN recovery_attempts + 1 > %s THEN %s ELSE error END,
+                    ended_at = CASE WHEN recovery_attempts + 1 > %s THEN statement_timestamp() ELSE ended_at END,
+                    wake_pending = (recovery_attempts + 1 <= %s), dispatched_at = statement_timestamp(),
+                    updated_at = statement_timestamp()
+                WHERE id IN (SELECT id FROM {RUN_TABLE} WHERE status = 'running' AND locked_until < statement_timestamp()
+                             ORDER BY locked_until LIMIT %s FOR UPDATE SKIP LOCKED)
+                RETURNING id, status, priority, parent_id, parent_seq""",
+            [max_attempts, max_attempts, dead_error_text, max_attempts, max_attempts, batch],
+        )
+        rows = cursor.fetchall()
+        dead = [row[0] for row in rows if row[1] == RunStatus.DEAD]
+        if dead:
+            _end_open_work(dead)
+        for run_id, status, priority, parent_id, parent_seq in rows:
+            if status == RunStatus.DEAD:
+                if parent_id:
+                    child_report(parent_id=parent_id, parent_seq=parent_seq, child_id=run_id, child_status=status,
+                                 output_text="", error_text=dead_error_text)
+            else:
+                dispatch_turn(run_id, priority)
+    return rows
+
+
+def runs_resume_due(*, batch: int) -> list[tuple]:
+    """Suspended runs whose timer is due (sleeps, wait timeouts, inline retries), oldest first: flag
+    a wake and send a turn after commit. Crash after commit: the lost-wake pass re-sends."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {RUN_TABLE} SET wake_pending = true, wake_at = NULL, dispatched_at = statement_timestamp(),
+                    updated_at = statement_timestamp()
+                WHERE id IN (SELECT id FROM {RUN_TABLE} WHERE status = 'suspended' AND wake_at <= statement_timestamp()
+                             ORDER BY wake_at LIMIT %s FOR UPDATE SKIP LOCKED)
+                RETURNING id, priority""",
+            [batch],
+        )
+        rows = cursor.fetchall()
+        for run_id, priority in rows:
+            dispatch_turn(run_id, priority)
+    return rows
+
+
+def runs_redispatch_lost(*, after_seconds: float, batch: int) -> list[tuple]:
+    """Runs that want a turn whose message was lost (a broker restart, a crash between a commit and
+    its send): send it again."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {RUN_TABLE} SET dispatched_at = statement_timestamp()
+                WHERE id IN (SELECT id FROM {RUN_TABLE} WHERE wake_pending
+                               AND dispatched_at < statement_timestamp() - make_interval(secs => %s)
+                               AND status IN ('pending', 'suspended')
+                             ORDER BY dispatched_at LIMIT %s FOR UPDATE SKIP LOCKED)
+                RETURNING id, priority""",
+            [after_seconds, batch],
+        )
+        rows = cursor.fetchall()
+        for run_id, priority in rows:
+            dispatch_turn(run_id, priority)
+    return rows
+
+
+# --------------------------------------------------------------------------------------- retention
+
+
+def runs_delete(run_ids: list[str], *, chunk: int = 500) -> int:
+    """Delete terminal runs and everything hanging off them, `chunk` ids a transaction, cascading
+    by explicit deletes. Active runs in the list are left alone. A crash between chunks leaves
+    whole chunks deleted or kept."""
+    terminal = sorted(RunStatus.TERMINAL)
+    deleted = 0
+    for start in range(0, len(run_ids), chunk):
+        ids_chunk = run_ids[start:start + chunk]
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SELECT id FROM {RUN_TABLE} WHERE id = ANY(%s) AND status = ANY(%s) FOR UPDATE",
+                           [ids_chunk, terminal])
+            ids = [row[0] for row in cursor.fetchall()]
+            if not ids:
+                continue
+            for table in (CP_TABLE, WAITER_TABLE, SIGNAL_TABLE, ATTR_TABLE):
+                cursor.execute(f"DELETE FROM {table} WHERE run_id = ANY(%s)", [ids])
+            cursor.execute(f"DELETE FROM {RUN_TABLE} WHERE id = ANY(%s)", [ids])
+            deleted += cursor.rowcount
+    return deleted

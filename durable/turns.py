@@ -1,0 +1,174 @@
+"""Turns: claim a run, replay its workflow from its checkpoints, and record where it got to.
+
+Every exit of a turn ends its lease: a suspension releases the run (with its timer), an end
+finishes it (a child reports to its parent in the same transaction), a lost lease is released
+if this turn still holds it, a failed engine write gives the run back for a later turn
+(counting a recovery attempt) and raises to the Celery task, which retries.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import DatabaseError, connection
+
+from durable import store
+from durable.codec import decode, encode
+from durable.context import REPLAY_SQL, Context, _Checkpoint, error_payload
+from durable.errors import (
+    ContinueAsNew,
+    EngineWriteFailed,
+    LeaseLost,
+    NonDeterminismError,
+    Suspend,
+    TurnInterrupted,
+    WorkflowMisuse,
+    _ControlFlow,
+)
+from durable.leases import lease_keeper, worker_token
+from durable.registry import UnknownWorkflow, get_workflow
+from durable.settings import durable_settings
+from durable.states import RunStatus
+
+logger = logging.getLogger("durable.engine")
+
+
+class TurnOutcome(enum.StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SUSPENDED = "suspended"
+    CONTINUED = "continued"  # continue-as-new: a new history starts with the next turn
+    NOT_CLAIMED = "not_claimed"  # ended, or another worker holds the lease
+    LEASE_LOST = "lease_lost"  # cancelled or recovered while this turn ran: its writes were refused
+    INTERRUPTED = "interrupted"  # an engine write failed: the run is given back for a later turn
+
+
+@dataclass
+class TurnResult:
+    run_id: str
+    outcome: str
+    wake_at: datetime | None = None
+    error: dict | None = None
+    output: object = None
+    redispatched: bool = False
+
+
+def execute_turn(run_id: str) -> TurnResult:
+    """Claim the run, replay its workflow from its checkpoints, and record where it got to."""
+    settings = durable_settings()
+    token = worker_token()
+    cursor = store.raw_cursor()
+    claimed = store.run_claim(cursor, run_id, token, settings.lease_seconds)
+    if claimed is None:
+        return TurnResult(run_id, TurnOutcome.NOT_CLAIMED)
+    workflow_name, input_text, namespace, priority, tags, turns, parent_id, epoch = claimed
+    lease_keeper.hold(run_id, token)
+    try:
+        return _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority, tags, turns,
+                     bool(parent_id), epoch)
+    except (DatabaseError, EngineWriteFailed) as exc:
+        cause = exc.cause if isinstance(exc, EngineWriteFailed) else exc
+        return _interrupted(run_id, token, cause)
+    finally:
+        lease_keeper.release(run_id)
+
+
+def _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority, tags, turns, has_parent,
+          epoch) -> TurnResult:
+    checkpoints = {}
+    if turns > 1:  # the first claim of a history: nothing can have been checkpointed yet
+        cursor.execute(REPLAY_SQL, (run_id,), prepare=True)
+        checkpoints = {row[0]: _Checkpoint(row) for row in cursor.fetchall()}
+    try:
+        definition = get_workflow(workflow_name)
+    except UnknownWorkflow as exc:
+        return _finish(run_id, token, RunStatus.FAILED, error=error_payload(exc), has_parent=has_parent)
+    ctx = Context(run_id=run_id, workflow=workflow_name, namespace=namespace, priority=priority,
+                  checkpoints=checkpoints, tags=list(tags or []), token=token, epoch=epoch, cursor=cursor)
+    workflow_input = decode(input_text, column="run.input", row=run_id)
+    output = raised = None
+    try:
+        output = definition.fn(ctx, workflow_input)
+    except (Exception, _ControlFlow) as exc:
+        raised = exc
+    # what the engine decided wins over what the workflow's code made of it (a swallowed suspension)
+    stop = ctx._misuse or ctx._stopped or raised
+    if isinstance(stop, Suspend) and ctx._misuse is None:
+        return _release(run_id, token, stop.wake_at, wake_now=ctx.wake_now)
+    if isinstance(stop, LeaseLost):
+        logger.warning("durable: run %s: %s", run_id, stop)
+        if store.run_release(run_id, token, None, wake_now=True) is None:
+            return TurnResult(run_id, TurnOutcome.LEASE_LOST)
+        return TurnResult(run_id, TurnOutcome.LEASE_LOST, redispatched=True)
+    if isinstance(stop, EngineWriteFailed):
+        raise stop
+    if isinstance(stop, ContinueAsNew):
+        if not store.run_continue_as_new(run_id, token, encode(stop.input)):
+            return TurnResult(run_id, TurnOutcome.LEASE_LOST)
+        _close_children(run_id, ctx)
+        return TurnResult(run_id, TurnOutcome.CONTINUED)
+    if isinstance(stop, NonDeterminismError | WorkflowMisuse | Exception):
+        return _finish(run_id, token, RunStatus.FAILED, error=error_payload(stop), has_parent=has_parent, ctx=ctx)
+    try:
+        encoded = encode(output)
+    except TypeError as exc:
+        return _finish(run_id, token, RunStatus.FAILED, has_parent=has_parent, ctx=ctx, error=error_payload(
+            TypeError(f"the workflow's return value is not JSON-serialisable: {exc}")))
+    return _finish(run_id, token, RunStatus.COMPLETED, output=output, encoded_output=encoded, has_parent=has_parent,
+                   ctx=ctx)
+
+
+def _release(run_id: str, token: str, wake_at: datetime | None, *, wake_now: bool = False) -> TurnResult:
+    redispatched = store.run_release(run_id, token, wake_at, wake_now=wake_now)
+    if redispatched is None:
+        return TurnResult(run_id, TurnOutcome.LEASE_LOST)
+    return TurnResult(run_id, TurnOutcome.SUSPENDED, wake_at=wake_at, redispatched=redispatched)
+
+
+def _finish(run_id: str, token: str, status: str, *, output=None, encoded_output: str | None = None,
+            error: dict | None = None, has_parent: bool = True, ctx: Context | None = None) -> TurnResult:
+    open_work = ctx is not None and ctx.has_open_work
+    row = store.run_finish(run_id, token, status, output_text=encoded_output if encoded_output is not None else "",
+                           error_text=encode(error) if error else "", open_work=open_work, has_parent=has_parent)
+    if row is None:
+        # cancelled (or recovered by another worker) while this turn ran: never resurrect it
+        return TurnResult(run_id, TurnOutcome.LEASE_LOST)
+    if open_work:
+        _close_children(run_id, ctx)
+    return TurnResult(run_id, status, output=output, error=error)
+
+
+def _close_children(run_id: str, ctx: Context) -> None:
+    """The parent-close policy: children still active when their parent's history ends are cancelled.
+    Best effort after the parent's commit: a child missed by a crash here runs to its end and
+    reports to a parent that no longer waits for it."""
+    if not any(cp.kind == "child" for cp in ctx._checkpoints.values()) and not ctx.wake_now:
+        return
+    try:
+        store.runs_cancel_tree(run_id, error_text="", root=False, descendant_error_text=encode(
+            {"type": "Cancelled", "message": f"parent {run_id} ended while this run was active"}))
+    except DatabaseError:
+        logger.exception("durable: cancelling the children of ended run %s failed", run_id)
+
+
+def _interrupted(run_id: str, token: str, cause: BaseException) -> TurnResult:
+    """An engine write failed mid-turn. Django's connection may be broken (the raw cursors bypass its
+    error tracking), so it is closed; the run is given back with a short delay and a recovery
+    attempt counted, and the task is told to retry. If the database is down the release fails too:
+    the lease expires and the tick's recovery pass takes the run."""
+    logger.warning("durable: run %s: an engine write failed (%s: %s); the turn will be retried", run_id,
+                   type(cause).__name__, cause)
+    if not connection.in_atomic_block:
+        connection.close()
+    settings = durable_settings()
+    try:
+        store.run_release_aborted(run_id, token, delay_seconds=1.0, max_attempts=settings.max_recovery_attempts,
+                                  error_text=encode({"type": "RecoveryExhausted",
+                                                     "message": f"engine writes kept failing: {cause}"}))
+    except DatabaseError:
+        if not connection.in_atomic_block:
+            connection.close()
+    raise TurnInterrupted(f"run {run_id}: engine write failed: {type(cause).__name__}: {cause}") from cause
