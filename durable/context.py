@@ -191,6 +191,7 @@ class Context:
         self._atomic_depth = len(connection.atomic_blocks)
         self._stopped: BaseException | None = None
         self._misuse: WorkflowMisuse | None = None
+        self._wrote_open = False
         self.wake_now = False  # a checkpoint settled as it was written (a child that had ended): turn again
 
     # -- internals
@@ -204,7 +205,8 @@ class Context:
     @property
     def has_open_work(self) -> bool:
         """Whether this history may hold open checkpoints or children (the run's end must close them)."""
-        return any(cp.status in StepStatus.OPEN or cp.kind == "child" for cp in self._checkpoints.values())
+        return self._wrote_open or any(cp.status in StepStatus.OPEN or cp.kind == "child"
+                                       for cp in self._checkpoints.values())
 
     def _stop(self, exc: BaseException) -> BaseException:
         if self._stopped is None:
@@ -240,6 +242,7 @@ class Context:
     def _insert(self, rows: list[tuple]) -> None:
         if store.checkpoints_insert(self.cursor, rows, token=self.token) != len(rows):
             raise self._refused(rows[0][1])
+        self._wrote_open = self._wrote_open or any(row[4] == StepStatus.PENDING or row[3] == "child" for row in rows)
 
     def _settle(self, seq: int, status: str, **fields) -> bool:
         return store.checkpoint_settle(run_id=self.run_id, token=self.token, seq=seq, status=status, **fields)

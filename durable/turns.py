@@ -145,8 +145,6 @@ def _close_children(run_id: str, ctx: Context) -> None:
     """The parent-close policy: children still active when their parent's history ends are cancelled.
     Best effort after the parent's commit: a child missed by a crash here runs to its end and
     reports to a parent that no longer waits for it."""
-    if not any(cp.kind == "child" for cp in ctx._checkpoints.values()) and not ctx.wake_now:
-        return
     try:
         store.runs_cancel_tree(run_id, error_text="", root=False, descendant_error_text=encode(
             {"type": "Cancelled", "message": f"parent {run_id} ended while this run was active"}))

@@ -186,3 +186,119 @@ def compensated(ctx, input):
 @workflow("tests.not_json")
 def not_json(ctx, input):
     return {"when": object()}
+
+
+# ---------------------------------------------------------------- workflows of the engine's crash and race tests
+
+
+def sleepy(path, value, seconds):
+    """A slow queued step that leaves evidence of each execution."""
+    record(path, f"start:{value}")
+    time.sleep(seconds)
+    return value
+
+
+def gated(flag, value):
+    """Block until the file `flag` exists (a test releases it), then return `value`."""
+    deadline = time.monotonic() + 20
+    while not Path(flag).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{flag} never appeared")
+        time.sleep(0.02)
+    return value
+
+
+def cancel_own_run(run_id):
+    from durable.services import run_cancel
+
+    return run_cancel(run_id=run_id, reason="cancelled from inside its own turn")
+
+
+@workflow("tests.slow_chunk")
+def slow_chunk(ctx, input):
+    """Slow queued steps in one chunk, each allowed a short silence."""
+    items = [Step(f"slow-{i}", sleepy, (input["path"], i, input["seconds"]), timeout=input["timeout"])
+             for i in range(input["n"])]
+    return ctx.all(items)
+
+
+@workflow("tests.parent_of_flaky")
+def parent_of_flaky(ctx, input):
+    return ctx.child("tests.retrying", {"counter": input["counter"], "failures": 1, "retries": 0})
+
+
+@workflow("tests.parent_of_waiting")
+def parent_of_waiting(ctx, input):
+    return ctx.child("tests.signal", {})
+
+
+@workflow("tests.child_then_check")
+def child_then_check(ctx, input):
+    result = ctx.child("tests.child", {"x": input["x"]})
+    ctx.step("check", checked, input.get("fail", False))
+    return result
+
+
+@workflow("tests.fail_fast_handler")
+def fail_fast_handler(ctx, input):
+    try:
+        ctx.all([Step("a", boom, ("a broke",)), Step("b", boom, ("b broke",))], mode="fail_fast")
+    except StepFailed as exc:
+        handled = ctx.step(f"handle-{exc.name}", add, 0, 1)
+        ctx.sleep(0.01)
+        return {"handled": exc.name, "value": handled}
+    return "no failure"
+
+
+@workflow("tests.cancel_then_child")
+def cancel_then_child(ctx, input):
+    ctx.step("cancel-me", cancel_own_run, ctx.run_id)
+    return ctx.child("tests.child", {"x": 1})
+
+
+@workflow("tests.gated_queued")
+def gated_queued(ctx, input):
+    return ctx.step("calc", gated, input["flag"], input["a"], queue="steps")
+
+
+@workflow("tests.gated_inline")
+def gated_inline(ctx, input):
+    value = ctx.step("calc", gated, input["flag"], input["a"])
+    ctx.sleep(0.01)
+    return value
+
+
+@workflow("tests.swallows_errors")
+def swallows_errors(ctx, input):
+    try:
+        ctx.step("explode", add, 1, 1)
+    except Exception as exc:
+        return f"swallowed {type(exc).__name__}"
+    return "done"
+
+
+@workflow("tests.wait_in_atomic")
+def wait_in_atomic(ctx, input):
+    from django.db import transaction
+
+    with transaction.atomic():
+        ctx.sleep(0.01)
+    return "slept"
+
+
+@workflow("tests.ctx_in_finally")
+def ctx_in_finally(ctx, input):
+    try:
+        return ctx.wait_for_signal("go")
+    finally:
+        ctx.step("cleanup", add, 1, 1)
+
+
+@workflow("tests.loop")
+def loop(ctx, input):
+    n = input["n"]
+    ctx.step("tick", add, n, 1)
+    child_output = ctx.child("tests.child", {"x": n})
+    if n < input["until"]:
+        ctx.continue_as_new({"n": n + 1, "until": input["until"]})
+    return {"n": n, "child": child_output}
