@@ -477,8 +477,9 @@ class Context:
             with connection.cursor() as cursor:
                 cursor.execute(
                     f"DELETE FROM {store.EVENT_TABLE} WHERE id = (SELECT id FROM {store.EVENT_TABLE} "
-                    "WHERE namespace = %s AND name = %s AND payload @> %s::jsonb AND expires_at > statement_timestamp() "
-                    "ORDER BY created_at, id LIMIT 1 FOR UPDATE) RETURNING payload",
+                    "WHERE namespace = %s AND name = %s AND payload @> %s::jsonb "
+                    "AND expires_at > statement_timestamp() ORDER BY created_at, id LIMIT 1 FOR UPDATE) "
+                    "RETURNING payload",
                     [self.namespace, name, json.dumps(match)],
                 )
                 buffered = cursor.fetchone()

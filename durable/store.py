@@ -528,12 +528,15 @@ def steps_time_out(*, max_timeouts: int, error_text: str, batch: int) -> list[tu
     due-step pass re-dispatches it."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"""UPDATE {CP_TABLE} SET status = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN 'failed'
+            f"""UPDATE {CP_TABLE}
+                SET status = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN 'failed'
                                   ELSE 'pending' END,
-                    completed_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN statement_timestamp() END,
+                    completed_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s
+                                        THEN statement_timestamp() END,
                     wake_at = CASE WHEN COALESCE((options->>'timeouts')::int, 0) + 1 > %s THEN NULL
                                    ELSE statement_timestamp() END,
-                    options = jsonb_set(options, '{{timeouts}}', to_jsonb(COALESCE((options->>'timeouts')::int, 0) + 1)),
+                    options = jsonb_set(options, '{{timeouts}}',
+                                        to_jsonb(COALESCE((options->>'timeouts')::int, 0) + 1)),
                     timeout_at = NULL, error = %s
                 WHERE id IN (SELECT cp.id FROM {CP_TABLE} cp WHERE cp.status = 'running'
                                AND cp.timeout_at < statement_timestamp()
@@ -585,8 +588,8 @@ def signal_deliver(*, run_id: str, name: str, payload_text: str) -> str:
     the run in this transaction), else buffer it. The caller holds the signal's advisory lock."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM {WAITER_TABLE} WHERE id = (SELECT id FROM {WAITER_TABLE} WHERE run_id = %s AND kind = 'signal' "
-            "AND key = %s ORDER BY seq LIMIT 1) RETURNING seq", [run_id, name],
+            f"DELETE FROM {WAITER_TABLE} WHERE id = (SELECT id FROM {WAITER_TABLE} "
+            "WHERE run_id = %s AND kind = 'signal' AND key = %s ORDER BY seq LIMIT 1) RETURNING seq", [run_id, name],
         )
         waiter = cursor.fetchone()
         if waiter is not None:
@@ -646,7 +649,8 @@ def descendant_run_ids(run_ids: list[str], *, active_only: bool = False) -> list
         cursor.execute(
             f"""WITH RECURSIVE tree(id, status, depth) AS (
                     SELECT id, status, 1 FROM {RUN_TABLE} WHERE parent_id = ANY(%s)
-                    UNION ALL SELECT r.id, r.status, tree.depth + 1 FROM {RUN_TABLE} r JOIN tree ON r.parent_id = tree.id)
+                    UNION ALL
+                    SELECT r.id, r.status, tree.depth + 1 FROM {RUN_TABLE} r JOIN tree ON r.parent_id = tree.id)
                 SELECT id FROM tree {status} ORDER BY depth DESC, id""",
             [run_ids],
         )
@@ -751,7 +755,8 @@ def runs_recover_expired(*, max_attempts: int, dead_error_text: str, batch: int)
                     ended_at = CASE WHEN recovery_attempts + 1 > %s THEN statement_timestamp() ELSE ended_at END,
                     wake_pending = (recovery_attempts + 1 <= %s), dispatched_at = statement_timestamp(),
                     updated_at = statement_timestamp()
-                WHERE id IN (SELECT id FROM {RUN_TABLE} WHERE status = 'running' AND locked_until < statement_timestamp()
+                WHERE id IN (SELECT id FROM {RUN_TABLE}
+                             WHERE status = 'running' AND locked_until < statement_timestamp()
                              ORDER BY locked_until LIMIT %s FOR UPDATE SKIP LOCKED)
                 RETURNING id, status, priority, parent_id, parent_seq""",
             [max_attempts, max_attempts, dead_error_text, max_attempts, max_attempts, batch],

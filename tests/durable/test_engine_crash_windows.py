@@ -2,6 +2,7 @@
 running the same code, an operator acting while a turn is in flight. Each test names the
 interleaving it pins down."""
 
+import contextlib
 import threading
 import time
 from datetime import timedelta
@@ -25,7 +26,7 @@ def _in_thread(target, *args):
     def run():
         try:
             outcome["value"] = target(*args)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
+        except BaseException as exc:
             outcome["error"] = exc
         finally:
             connections.close_all()
@@ -134,11 +135,8 @@ def test_a_worker_dying_right_after_a_settle_commits_loses_no_wake():
             seen["settled"] = True
         return execute(sql, params, many, context)
 
-    with connection.execute_wrapper(die_after_the_settle_commits):
-        try:
-            engine.execute_steps(run.id, [0])
-        except ProcessDied:
-            pass
+    with connection.execute_wrapper(die_after_the_settle_commits), contextlib.suppress(ProcessDied):
+        engine.execute_steps(run.id, [0])
     assert seen["settled"]
     assert StepCheckpoint.objects.get(run_id=run.id, seq=0).status == "completed"
     # the rows alone must say the run wants a turn, so the tick's lost-wake pass sends it
