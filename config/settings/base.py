@@ -45,6 +45,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "workspaces.api.errors.ApiNotFoundMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -136,6 +137,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # refuse JSON nested too deeply and NUL characters with a 400 (see workspaces/api/parsers.py)
+    "DEFAULT_PARSER_CLASSES": [
+        "workspaces.api.parsers.JSONParser",
+        "workspaces.api.parsers.FormParser",
+        "workspaces.api.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "workspaces.api.pagination.IdCursorPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],

@@ -1,8 +1,8 @@
-from rest_framework.routers import DefaultRouter
 
 from knowledge.api.views import KnowledgeSearchViewSet, KnowledgeSourceViewSet, SkillViewSet
+from workspaces.api.routers import ApiRouter
 
-router = DefaultRouter()
+router = ApiRouter()
 router.register("knowledge/sources", KnowledgeSourceViewSet, basename="knowledge-source")
 router.register("knowledge/search", KnowledgeSearchViewSet, basename="knowledge-search")
 router.register("knowledge/skills", SkillViewSet, basename="skill")

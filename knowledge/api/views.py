@@ -3,8 +3,6 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, ValidationError
-from rest_framework.pagination import CursorPagination
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.response import Response
 
 from knowledge import selectors, services
@@ -27,6 +25,8 @@ from knowledge.api.serializers import (
 from knowledge.models import KnowledgeChunk, KnowledgeSource, Skill
 from knowledge.search import SearchError
 from workspaces.api.base import WorkspaceScopedMixin
+from workspaces.api.pagination import IdCursorPagination
+from workspaces.api.parsers import FormParser, JSONParser, MultiPartParser
 
 
 class Conflict(APIException):
@@ -39,11 +39,8 @@ def _invalid(exc: services.KnowledgeError) -> ValidationError:
     return ValidationError({exc.field or "non_field_errors": [str(exc)]})
 
 
-class OrdinalCursorPagination(CursorPagination):
+class OrdinalCursorPagination(IdCursorPagination):
     ordering = "ordinal"
-    page_size = 50
-    page_size_query_param = "page_size"
-    max_page_size = 200
 
 
 class KnowledgeSourceViewSet(WorkspaceScopedMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin,

@@ -11,8 +11,9 @@ from functools import cached_property
 
 from django.db.models import QuerySet
 from rest_framework import mixins, permissions, serializers, viewsets
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 
+from workspaces.api.parsers import NUL, NUL_MESSAGE
 from workspaces.models import Membership, Workspace
 
 
@@ -41,6 +42,15 @@ class WorkspaceScopedMixin:
     permission_classes = [permissions.IsAuthenticated, WorkspaceRolePermission]
     workspace_field: str = "workspace"
     write_roles: frozenset[str] = frozenset(Membership.Role.values)
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        # Postgres cannot compare or store NUL: refuse it before any filter or lookup sees it
+        if any(NUL in str(value) for value in kwargs.values()):
+            raise NotFound()
+        for name, values in request.query_params.lists():
+            if NUL in name or any(NUL in value for value in values):
+                raise ValidationError({name.replace(NUL, "") or "query": [NUL_MESSAGE]})
 
     def get_queryset(self):
         queryset = super().get_queryset()

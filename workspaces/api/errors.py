@@ -5,8 +5,9 @@
 
 `fields` appears for validation errors and names every offending field; `message` is
 always a readable sentence. Database integrity errors that slip past validation become 409,
-Django validation errors 400, and an oversized body 413, so a client never sees a 500 (or an
-HTML page) for bad input.
+data errors (a value the database refuses) and Django validation errors 400, and an oversized
+body 413, so a client never sees a 500 (or an HTML page) for bad input. ``api_not_found``
+answers unrouted URLs under /api/ in the same shape.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError
-from django.http import Http404
+from django.db import DataError, IntegrityError
+from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -46,6 +47,10 @@ def exception_handler(exc, context):
     elif isinstance(exc, IntegrityError):
         exc = exceptions.APIException(detail="The request conflicts with existing data.", code="conflict")
         exc.status_code = status.HTTP_409_CONFLICT
+    elif isinstance(exc, DataError):
+        # a value the database refuses (out of range, an invalid character) that validation let through
+        exc = exceptions.ValidationError({"non_field_errors": ["A value in the request cannot be stored or "
+                                                               "compared by the database."]})
     elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -77,3 +82,19 @@ def exception_handler(exc, context):
 
 def _headers(response) -> dict[str, str]:
     return {key: value for key, value in response.items() if key in {"WWW-Authenticate", "Retry-After", "Allow"}}
+
+
+class ApiNotFoundMiddleware:
+    """Django's 404 page (HTML, the technical page in DEBUG) for an unrouted URL under /api/ becomes
+    the API's JSON error body. Placed before CommonMiddleware, so its slash redirects still happen."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if (response.status_code == 404 and request.path.startswith("/api/")
+                and not isinstance(response, Response)):
+            return JsonResponse({"error": {"status": 404, "code": "not_found",
+                                           "message": f"No API endpoint at {request.path}."}}, status=404)
+        return response

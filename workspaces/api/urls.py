@@ -1,10 +1,10 @@
 from django.urls import path
-from rest_framework.routers import DefaultRouter
 
 from workspaces.api.auth import TokenLoginView, TokenLogoutAllView, TokenLogoutView
+from workspaces.api.routers import ApiRouter
 from workspaces.api.views import MembershipViewSet, WorkspaceViewSet
 
-router = DefaultRouter()
+router = ApiRouter()
 router.register("workspaces", WorkspaceViewSet, basename="workspace")
 router.register("memberships", MembershipViewSet, basename="membership")
 
