@@ -249,6 +249,7 @@ class SeedReport:
     skipped: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (path, what was accepted anyway)
 
 
 @transaction.atomic
@@ -335,6 +336,7 @@ def skills_seed(*, workspace, root: Path | None = None, dry_run: bool = False, p
             report.errors.append((relative, f"duplicate skill name {parsed.name!r} (also in {seen[parsed.name]})"))
             continue
         seen[parsed.name] = relative
+        report.warnings.extend((relative, warning) for warning in parsed.warnings)
         parsed_files.append((relative, parsed))
 
     try:

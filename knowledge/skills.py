@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 import yaml
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
-MAX_DESCRIPTION = 1024
+SPEC_DESCRIPTION = 1024  # Anthropic's limit: longer is accepted with a warning (real skill files exceed it)
+MAX_DESCRIPTION = 20_000
+MAX_FRONT_MATTER = 64 * 1024
 MAX_BODY = 200_000
 DESCRIPTION_LEAD_WORDS = 5  # how many leading description words match a query
 _FRONT_MATTER = re.compile(r"\A\ufeff?---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)(.*)\Z", re.DOTALL)
@@ -40,6 +42,17 @@ _STOP = frozenset((
 
 class SkillFormatError(ValueError):
     pass
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """safe_load without aliases: `*name` may expand a few hundred bytes into megabytes ("billion
+    laughs"), and skill front matter has no use for them."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in skill front matter",
+                                              self.peek_event().start_mark)
+        return super().compose_node(parent, index)
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,7 @@ class ParsedSkill:
     agent: str = ""
     frontmatter: dict = field(default_factory=dict)
     content_hash: str = ""
+    warnings: list[str] = field(default_factory=list)  # accepted, but outside Anthropic's format
 
 
 def _string_list(value, field_name: str) -> list[str]:
@@ -72,8 +86,10 @@ def parse_skill(text: str) -> ParsedSkill:
         raise SkillFormatError("no YAML front matter: the file must start with a line `---`, the fields, "
                                "and a closing `---`")
     raw_meta, body = match.groups()
+    if len(raw_meta) > MAX_FRONT_MATTER:
+        raise SkillFormatError(f"the front matter is larger than {MAX_FRONT_MATTER // 1024} KB")
     try:
-        meta = yaml.safe_load(raw_meta)
+        meta = yaml.load(raw_meta, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader that also refuses aliases
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 2}" if mark is not None else ""
@@ -91,8 +107,12 @@ def parse_skill(text: str) -> ParsedSkill:
     if not isinstance(description, str) or not description.strip():
         raise SkillFormatError("`description` is required")
     description = " ".join(description.split())
+    warnings = []
     if len(description) > MAX_DESCRIPTION:
         raise SkillFormatError(f"`description` is longer than {MAX_DESCRIPTION} characters")
+    if len(description) > SPEC_DESCRIPTION:
+        warnings.append(f"`description` is {len(description)} characters, longer than the {SPEC_DESCRIPTION} that "
+                        "Anthropic's skill format allows; kept whole")
     body = body.strip()
     if not body:
         raise SkillFormatError("the markdown body after the front matter is empty")
@@ -116,6 +136,7 @@ def parse_skill(text: str) -> ParsedSkill:
         name=name, description=description, body=body, version_label=str(version or "")[:50],
         allowed_tools=tools, triggers=[t.lower() for t in triggers], agent=agent.strip()[:100],
         frontmatter=_jsonable(frontmatter), content_hash=hashlib.sha256(canonical.encode()).hexdigest(),
+        warnings=warnings,
     )
 
 

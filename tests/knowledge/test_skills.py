@@ -174,3 +174,58 @@ class TestSeedSkills:
         assert Skill.objects.filter(name="bug-triage").count() == 2
         with pytest.raises(CommandError, match="No workspace with the slug 'nope'"):
             call_command("seed_skills", "--workspace", "nope", stdout=StringIO())
+
+
+# a "billion laughs": each level of aliases nine times the one before (five levels: 59,049 strings)
+ALIAS_BOMB = "---\nname: bomb\ndescription: d\na: &a [" + ",".join(['"lol"'] * 9) + "]\n" + "".join(
+    f"{level}: &{level} [" + ",".join([f"*{below}"] * 9) + "]\n" for below, level in zip("abcd", "bcde", strict=True)
+) + "---\n# Bomb\n\nbody\n"
+
+
+def test_aliases_in_front_matter_are_refused_before_they_expand():
+    with pytest.raises(SkillFormatError, match="aliases"):
+        parse_skill(ALIAS_BOMB)
+    with pytest.raises(SkillFormatError, match="aliases"):
+        parse_skill("---\nname: ok\ndescription: &d text\nmetadata: {agent: *d}\n---\nbody")
+
+
+def test_front_matter_is_limited_in_size():
+    with pytest.raises(SkillFormatError, match="front matter is larger"):
+        parse_skill("---\nname: ok\ndescription: d\nnotes: " + "x" * 70_000 + "\n---\nbody")
+
+
+@pytest.mark.django_db
+def test_an_alias_bomb_is_refused_by_the_api_the_admin_and_seed_skills(api_as, owner, workspace, admin_client,
+                                                                       tmp_path):
+    response = api_as(owner).post("/api/knowledge/skills/", {"workspace": workspace.pk, "content": ALIAS_BOMB},
+                                  format="json")
+    assert response.status_code == 400
+    assert "aliases" in response.json()["error"]["fields"]["content"][0]
+    page = admin_client.post("/admin/knowledge/skill/add/", {"workspace": workspace.pk, "skill_md": ALIAS_BOMB})
+    assert page.status_code == 200 and "aliases" in page.content.decode()
+    (tmp_path / "bomb").mkdir()
+    (tmp_path / "bomb" / "SKILL.md").write_text(ALIAS_BOMB)
+    report = skills_seed(workspace=workspace, root=tmp_path)
+    assert report.errors and "aliases" in report.errors[0][1]
+    assert not Skill.objects.exists()
+
+
+LONG_DESCRIPTION = ("Use this skill whenever the user wants to create, read, edit or convert documents; " * 14)[:1080]
+
+
+@pytest.mark.django_db
+def test_a_long_description_is_accepted_with_a_warning(workspace, tmp_path):
+    text = f"---\nname: docx\ndescription: \"{LONG_DESCRIPTION}\"\n---\n# Docx\n\nWork with documents.\n"
+    parsed = parse_skill(text)
+    assert parsed.description == LONG_DESCRIPTION.strip()
+    assert parsed.warnings == [f"`description` is {len(LONG_DESCRIPTION.strip())} characters, longer than the "
+                               "1024 that Anthropic's skill format allows; kept whole"]
+    (tmp_path / "docx").mkdir()
+    (tmp_path / "docx" / "SKILL.md").write_text(text)
+    out, err = StringIO(), StringIO()
+    call_command("seed_skills", "--workspace", workspace.slug, "--path", str(tmp_path), stdout=out, stderr=err)
+    assert "created: 1" in out.getvalue()
+    assert f"docx/SKILL.md: `description` is {len(parsed.description)} characters" in err.getvalue()
+    assert Skill.objects.get(name="docx").description == LONG_DESCRIPTION.strip()
+    with pytest.raises(SkillFormatError, match="longer than 20000"):
+        parse_skill(f"---\nname: docx\ndescription: {'x' * 20_001}\n---\nbody")

@@ -47,6 +47,8 @@ class Command(BaseCommand):
             if ws is workspaces[0]:  # the same files for every workspace: report them once
                 for file, reason in report.errors:
                     self.stderr.write(self.style.ERROR(f"  malformed {path / file}: {reason}"))
+                for file, warning in report.warnings:
+                    self.stderr.write(self.style.WARNING(f"  warning: {path / file}: {warning}"))
             errors = max(errors, len(report.errors))
             self.stdout.write(
                 f"  {len(report.created)} created, {len(report.updated)} updated, {len(report.skipped)} skipped, "
