@@ -188,22 +188,25 @@ def _fan_rows(run_id: str, count: int, *, first: int = 0, input_text: str = "", 
 
     rows = []
     for seq in range(first, first + count):
-        row = engine._pending_row(run_id, seq, f"f{seq}", "step", input=input_text, queue="steps",
-                                  options={}, group=first, status=status)
-        if output:
-            row = (*row[:6], output, *row[7:])
-        rows.append(row)
+        rows.append(engine.checkpoint_row(run_id, seq, f"f{seq}", "step", input=input_text, queue="steps",
+                                          options={}, group=first, status=status, output=output))
     return rows
 
 
-def _claim(run_id: str, seqs_below: int) -> None:
+def _claim(run_id: str, seqs_below: int) -> dict[int, int]:
+    """Claim the steps below `seqs_below` as a worker would; returns their checkpoint ids by seq."""
     from django.db import connection
 
     from durable import engine
 
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {engine.CP_TABLE} SET status = 'running', attempt = 1, started_at = now() "
-                       "WHERE run_id = %s AND seq < %s AND status = 'pending'", [run_id, seqs_below])
+                       "WHERE run_id = %s AND seq < %s AND status = 'pending' RETURNING seq, id", [run_id, seqs_below])
+        return dict(cursor.fetchall())
+
+
+def _settlements(ids: dict[int, int], seqs, output=None) -> list[tuple]:
+    return [(ids[seq], 1, "completed", output or str(seq + 1), "", None, None) for seq in seqs]
 
 
 def build_fan(run_id: str, total: int, settled: int) -> dict:
@@ -217,9 +220,9 @@ def build_fan(run_id: str, total: int, settled: int) -> dict:
     payload = '{"fn": "bench.durable_workflows:trivial", "args": [0]}'
     with common.Stopwatch() as insert, transaction.atomic():
         engine.insert_checkpoints(engine.raw_cursor(), _fan_rows(run_id, total, input_text=payload))
-    _claim(run_id, settled)
+    ids = _claim(run_id, settled)
     with common.Stopwatch() as settle:
-        engine.settle_steps(run_id, [(seq, "completed", str(seq + 1), "", None, 1, 0) for seq in range(settled)])
+        engine.settle_steps(run_id, _settlements(ids, range(settled)))
     return {"insert_s": round(insert.elapsed, 3), "settle_s": round(settle.elapsed, 3)}
 
 
@@ -288,7 +291,7 @@ def settle_bytes(samples: int = 10, *, checkpoint: bool = True) -> dict:
     # one fan; the highest seq stays pending so no settle completes the join (a mid-fan settle)
     rows = _fan_rows(run_id, 2 * samples + 1, input_text=text)
     engine.insert_checkpoints(engine.raw_cursor(), rows)
-    _claim(run_id, 2 * samples)
+    ids = _claim(run_id, 2 * samples)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT sum(pg_column_size(input)), avg(length(input)) FROM {engine.CP_TABLE} "
                        "WHERE run_id = %s", [run_id])
@@ -298,7 +301,7 @@ def settle_bytes(samples: int = 10, *, checkpoint: bool = True) -> dict:
         ours, rewrite = [], []
         for seq in range(samples):
             before = _wal_lsn(cursor)
-            engine.settle_steps(run_id, [(seq, "completed", str(seq + 1), "", None, 1, 0)])
+            engine.settle_steps(run_id, _settlements(ids, [seq]))
             ours.append(_wal_diff(cursor, before, _wal_lsn(cursor)))
         for seq in range(samples, 2 * samples):
             checkpoint = StepCheckpoint.objects.get(run_id=run_id, seq=seq)
@@ -417,10 +420,10 @@ def _run(args, redis_url: str) -> int:
     join = time_join_check(join_run, 0, args.reps, args.count_reps)
     join["build"] = build
     # the last check of a fan (nothing pending) walks the whole range backwards: informational
-    _claim(join_run, args.steps)
+    ids = _claim(join_run, args.steps)
     from durable import engine
 
-    engine.settle_steps(join_run, [(seq, "completed", "1", "", None, 1, 0) for seq in range(args.settled, args.steps)])
+    engine.settle_steps(join_run, _settlements(ids, range(args.settled, args.steps), output="1"))
     samples = []
     for _ in range(30):
         start = time.perf_counter()

@@ -40,7 +40,7 @@ class DurableRun(models.Model):
     turns = models.IntegerField(default=0)
     # the run's history number: moved on by continue-as-new and by a retry with new input, which start a new
     # history under the same id (its children get new ids, so a child of an old history never reports into it)
-    epoch = models.IntegerField(default=0)
+    epoch = models.IntegerField(default=0, db_default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -727,11 +727,17 @@ def run_retry(run_id: str, *, input_text: str | None = None) -> int | None:
         if input_text is not None:
             cursor.execute(f"DELETE FROM {CP_TABLE} WHERE run_id = %s", [run_id])
         else:
-            descendants = descendant_run_ids([run_id])
-            if descendants:
-                cursor.execute(f"UPDATE {RUN_TABLE} SET {RETRY_FIELDS} WHERE id = ANY(%s) AND status IN {retryable} "
-                               "RETURNING id, priority", [descendants])
-                retried += cursor.fetchall()
+            # the descendants that stopped with it: retryable children of retried runs, recursively (a child
+            # under a completed run is not waited for by anyone, so it stays as it is)
+            cursor.execute(
+                f"""WITH RECURSIVE tree(id) AS (
+                        SELECT id FROM {RUN_TABLE} WHERE parent_id = %s AND status IN {retryable}
+                        UNION ALL
+                        SELECT r.id FROM {RUN_TABLE} r JOIN tree ON r.parent_id = tree.id WHERE r.status IN {retryable})
+                    UPDATE {RUN_TABLE} SET {RETRY_FIELDS} WHERE id IN (SELECT id FROM tree) RETURNING id, priority""",
+                [run_id],
+            )
+            retried += cursor.fetchall()
             cursor.execute(f"DELETE FROM {CP_TABLE} WHERE run_id = ANY(%s) AND status <> 'completed'",
                            [[rid for rid, _ in retried]])
         cursor.execute(f"DELETE FROM {WAITER_TABLE} WHERE run_id = ANY(%s)", [[rid for rid, _ in retried]])

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
+import psycopg
 from django.db import DatabaseError, connection
 
 from durable import store
@@ -69,7 +70,7 @@ def execute_turn(run_id: str) -> TurnResult:
     try:
         return _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority, tags, turns,
                      bool(parent_id), epoch)
-    except (DatabaseError, EngineWriteFailed) as exc:
+    except (DatabaseError, psycopg.Error, EngineWriteFailed) as exc:
         cause = exc.cause if isinstance(exc, EngineWriteFailed) else exc
         return _interrupted(run_id, token, cause)
     finally:
@@ -166,7 +167,7 @@ def _interrupted(run_id: str, token: str, cause: BaseException) -> TurnResult:
         store.run_release_aborted(run_id, token, delay_seconds=1.0, max_attempts=settings.max_recovery_attempts,
                                   error_text=encode({"type": "RecoveryExhausted",
                                                      "message": f"engine writes kept failing: {cause}"}))
-    except DatabaseError:
+    except (DatabaseError, psycopg.Error):
         if not connection.in_atomic_block:
             connection.close()
     raise TurnInterrupted(f"run {run_id}: engine write failed: {type(cause).__name__}: {cause}") from cause

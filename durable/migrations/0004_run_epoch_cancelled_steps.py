@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='durablerun',
             name='epoch',
-            field=models.IntegerField(default=0),
+            field=models.IntegerField(db_default=0, default=0),
         ),
         migrations.AlterField(
             model_name='stepcheckpoint',
