@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import psycopg
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, DataError, connection, transaction
 
 from durable import store
 from durable.codec import decode, encode
@@ -29,6 +29,7 @@ from durable.dispatch import dispatch_steps
 from durable.errors import (
     ChildFailed,
     ContinueAsNew,
+    DurableError,
     EngineWriteFailed,
     FanFailed,
     LeaseLost,
@@ -152,9 +153,21 @@ def ctx_call(method):
         except (DatabaseError, psycopg.Error) as exc:
             if getattr(exc, "_durable_user_error", False):
                 raise
+            if isinstance(exc, DataError | psycopg.DataError) or _sqlstate(exc).startswith("22"):
+                # a value Postgres cannot store (a NUL character, a number out of range): the workflow's
+                # own input, so an error it can handle, not an outage to retry
+                raise ValueError(f"ctx.{method.__name__}(): the database refused a value: {exc}") from exc
             raise self._stop(EngineWriteFailed(exc)) from exc
 
     return call
+
+
+def _sqlstate(exc: BaseException) -> str:
+    for candidate in (exc, exc.__cause__):
+        state = getattr(candidate, "sqlstate", None)
+        if state:
+            return state
+    return ""
 
 
 class _Checkpoint:
@@ -544,8 +557,10 @@ class Context:
         if not created:
             # the child exists (a retry of this run): an ended child answers now, a live one reports when it ends
             existing = store.child_lock(child_id)
+            if existing is not None and existing[3] != self.run_id:
+                raise DurableError(f"cannot start child {child_id!r}: a run that is not this run's child has that id")
             if existing is not None and existing[0] in RunStatus.TERMINAL:
-                status, output, error = existing
+                status, output, error, _parent = existing
                 self.wake_now = True
                 if status == RunStatus.COMPLETED:
                     return checkpoint_row(self.run_id, seq, label, "child", child_run_id=child_id, group=group,
@@ -575,12 +590,11 @@ class Context:
             kind = "step" if isinstance(item, Step) else "child"
             label = item.name if isinstance(item, Step) else (item.name or item.workflow)
             checkpoints.append(self._next(label, kind)[1])
-        existing = [cp for cp in checkpoints if cp is not None]
-        if not existing:
-            self._start_fan(first, items)
+        missing = [offset for offset, cp in enumerate(checkpoints) if cp is None]
+        if missing:
+            # a new fan, or items a retry dropped (they had failed): start what has no checkpoint
+            self._start_fan(first, items, offsets=missing)
             raise Suspend()
-        if len(existing) != len(items):
-            raise NonDeterminismError(f"fan at seq {first} has {len(existing)} checkpoints for {len(items)} items")
         failures: dict[int, StepFailed] = {}
         waiting = False
         for index, cp in enumerate(checkpoints):
@@ -609,12 +623,13 @@ class Context:
             raise FanFailed(failures, results)
         return results
 
-    def _start_fan(self, first: int, items: list) -> None:
+    def _start_fan(self, first: int, items: list, *, offsets: list[int]) -> None:
         default_queue = durable_settings().default_step_queue
         rows, by_queue = [], {}
         redispatch = now() + timedelta(seconds=durable_settings().redispatch_after_seconds)
         with transaction.atomic():
-            for offset, item in enumerate(items):
+            for offset in offsets:
+                item = items[offset]
                 seq = first + offset
                 if isinstance(item, Step):
                     queue = item.queue or default_queue

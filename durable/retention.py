@@ -80,7 +80,8 @@ def prune_buffered_events(*, batch: int = 5000) -> int:
 
 
 def retention_pass() -> dict[str, int | str]:
-    """Apply every configured policy, then prune expired buffered events; each step reports its own error."""
+    """Apply every configured policy, cancel orphaned runs (active children of ended parents), then prune
+    expired buffered events; each step reports its own error."""
     report: dict[str, int | str] = {}
     for index, policy in enumerate(durable_settings().retention_policies):
         try:
@@ -88,6 +89,11 @@ def retention_pass() -> dict[str, int | str]:
         except Exception as exc:
             logger.exception("durable: retention policy %s failed", policy)
             report[f"policy_{index}"] = f"error: {exc}"
+    try:
+        report["orphans_cancelled"] = store.runs_cancel_orphans()
+    except Exception as exc:
+        logger.exception("durable: cancelling orphaned runs failed")
+        report["orphans_cancelled"] = f"error: {exc}"
     try:
         report["buffered_events"] = prune_buffered_events()
     except Exception as exc:

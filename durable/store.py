@@ -84,6 +84,18 @@ def run_insert(*, run_id: str, workflow: str, input_text: str, namespace: str, t
     return created
 
 
+# ------------------------------------------------------------------------------------------- locks
+
+
+def lock_runs(run_ids: Sequence[str]) -> list[str]:
+    """Lock runs' rows for a change of their checkpoints (the rule: advisory locks, then run rows,
+    children before parents, then checkpoint rows). Returns the ids of those still active."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id, status FROM {RUN_TABLE} WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE",
+                       [list(run_ids)])
+        return [run_id for run_id, status in cursor.fetchall() if status in RunStatus.ACTIVE]
+
+
 # ------------------------------------------------------------------------------------------- wakes
 
 
@@ -125,14 +137,11 @@ def fan_has_pending(run_id: str, group: int) -> bool:
 
 def fan_join_wake(run_id: str, groups: Iterable[int]) -> bool:
     """Wake the run if one of these fans has nothing left open. Runs inside the settling
-    transaction, after the settle: the fan's advisory lock serialises the check of every settler,
-    so when two workers settle a fan's last chunks at once the second to lock sees the first's
-    commit and wakes the run (each check is a new statement, hence a new snapshot)."""
-    for group in sorted(set(groups)):
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"durable:fan:{run_id}:{group}"])
-        if not fan_has_pending(run_id, group):
-            return run_wake(run_id)
+    transaction, after the settle, with the run's row locked (``lock_runs``): that lock serialises
+    every settler of the run, so when two workers settle a fan's last chunks at once the second
+    sees the first's commit (each check is a new statement, hence a new snapshot) and wakes it."""
+    if any(not fan_has_pending(run_id, group) for group in sorted(set(groups))):
+        return run_wake(run_id)
     return False
 
 
@@ -206,7 +215,16 @@ def run_release_aborted(run_id: str, token: str, *, delay_seconds: float, max_at
             if parent_id:
                 child_report(parent_id=parent_id, parent_seq=parent_seq, child_id=run_id, child_status=status,
                              output_text="", error_text=error_text)
+    if status == RunStatus.DEAD:
+        close_children(run_id)
     return status
+
+
+def close_children(run_id: str) -> None:
+    """Cancel the active descendants of a run that ended where their locks could not be taken first
+    (a run declared dead). Best effort after that commit; the retention pass's orphan sweep finds
+    any a crash here left behind."""
+    runs_cancel_tree(run_id, error_text="", root=False, descendant_error_text=_parent_ended_error(run_id))
 
 
 FINISH_SQL = f"""
@@ -220,28 +238,29 @@ RETURNING parent_id, parent_seq
 
 def run_finish(run_id: str, token: str, status: str, *, output_text: str = "", error_text: str = "",
                open_work: bool = False, has_parent: bool = True) -> tuple | None:
-    """Record the run's end: a compare-and-set on its status and lease. Its open checkpoints (queued
-    steps a fail_fast left behind, waits it stopped waiting for) are cancelled and its waiters
-    dropped when `open_work`; a child reports to its parent in the same transaction (settling the
-    parent's checkpoint and, when its join allows, waking it). Crash after commit: nothing is left
-    to do but the close policy (active children of the ended run), which the caller applies after
-    the commit; children missed by a crash there run to their end and report to a parent that no
-    longer waits. Returns (parent_id, parent_seq), or None when the lease was lost."""
+    """Record the run's end: a compare-and-set on its status and lease. With `open_work` (the history
+    started children or left checkpoints open: a fail_fast's queued steps, waits it stopped waiting
+    for) its active descendants are cancelled (the parent-close policy; locked first, leaf first, as
+    the lock order wants), its open checkpoints cancelled and its waiters dropped, all in the same
+    transaction. A child reports to its parent in the same transaction too (settling the parent's
+    checkpoint and, when its join allows, waking it). Crash after commit: nothing is left to do.
+    Returns (parent_id, parent_seq), or None when the lease was lost."""
     params = [status, output_text, error_text, run_id, token]
-    needs_transaction = has_parent or open_work
-    with transaction.atomic(durable=False) if needs_transaction else _nullcontext():
-        cursor = raw_cursor() if not needs_transaction else None
-        if cursor is not None:
-            cursor.execute(FINISH_SQL, params, prepare=True)
-            row = cursor.fetchone()
-        else:
-            with connection.cursor() as django_cursor:
-                django_cursor.execute(FINISH_SQL, params)
-                row = django_cursor.fetchone()
+    if not has_parent and not open_work:  # the hot path of a root run: one prepared statement
+        cursor = raw_cursor()
+        cursor.execute(FINISH_SQL, params, prepare=True)
+        return cursor.fetchone()
+    with transaction.atomic(durable=False), connection.cursor() as cursor:
+        descendants = _lock_descendants(run_id) if open_work else []
+        cursor.execute(FINISH_SQL, params)
+        row = cursor.fetchone()
         if row is None:
             return None
         if open_work:
-            _end_open_work([run_id])
+            ended = [run_id]
+            if descendants:
+                ended += _cancel_runs(descendants, _parent_ended_error(run_id))
+            _end_open_work(ended)
         parent_id, parent_seq = row
         if parent_id:
             child_report(parent_id=parent_id, parent_seq=parent_seq, child_id=run_id, child_status=status,
@@ -249,20 +268,35 @@ def run_finish(run_id: str, token: str, status: str, *, output_text: str = "", e
     return row
 
 
-class _nullcontext:
-    def __enter__(self):
-        return None
+def _parent_ended_error(run_id: str) -> str:
+    from durable.codec import encode
 
-    def __exit__(self, *exc):
-        return False
+    return encode({"type": "Cancelled", "message": f"parent {run_id} ended while this run was active"})
+
+
+def _lock_descendants(run_id: str) -> list[str]:
+    """Lock a run's active descendants, leaf first (the lock order), before the run itself is changed."""
+    descendants = descendant_run_ids([run_id], active_only=True)
+    if descendants:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT id FROM {RUN_TABLE} WHERE id = ANY(%s) ORDER BY array_position(%s, id) "
+                           "FOR UPDATE", [descendants, descendants])
+    return descendants
+
+
+def _cancel_runs(run_ids: list[str], error_text: str) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(CANCEL_SQL, [error_text, run_ids])
+        return [row[0] for row in cursor.fetchall()]
 
 
 def run_continue_as_new(run_id: str, token: str, input_text: str) -> bool:
-    """End the run's current history and start afresh with new input under the same id: its
-    checkpoints and waiters are deleted, its epoch moves on (children of the new history get new
-    ids) and a first turn is dispatched. Crash after commit: the run is pending with wake_pending,
-    found by the lost-wake pass."""
+    """End the run's current history and start afresh with new input under the same id: its active
+    children are cancelled (before the new history can start any), its checkpoints and waiters deleted,
+    its epoch moves on (children of the new history get new ids) and a first turn is dispatched.
+    Crash after commit: the run is pending with wake_pending, found by the lost-wake pass."""
     with transaction.atomic(), connection.cursor() as cursor:
+        descendants = _lock_descendants(run_id)
         cursor.execute(
             f"""UPDATE {RUN_TABLE} SET status = 'pending', input = %s, epoch = epoch + 1, turns = 0, locked_by = '',
                     locked_until = NULL, wake_pending = true, wake_at = NULL, recovery_attempts = 0,
@@ -273,7 +307,8 @@ def run_continue_as_new(run_id: str, token: str, input_text: str) -> bool:
         row = cursor.fetchone()
         if row is None:
             return False
-        _end_open_work([run_id])
+        ended = _cancel_runs(descendants, _parent_ended_error(run_id)) if descendants else []
+        _end_open_work([run_id, *ended])
         cursor.execute(f"DELETE FROM {CP_TABLE} WHERE run_id = %s", [run_id])
         dispatch_turn(run_id, row[0])
     return True
@@ -377,11 +412,12 @@ def waiter_delete(run_id: str, seq: int) -> None:
 
 
 def child_lock(child_id: str):
-    """An existing child's (status, output, error), share-locked until the caller's transaction ends,
+    """An existing child's (status, output, error, parent_id), share-locked until the caller's transaction ends,
     so the child cannot end between this read and the parent's checkpoint insert (its finish would
     then find no checkpoint to settle). None when the child does not exist."""
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT status, output, error FROM {RUN_TABLE} WHERE id = %s FOR SHARE", [child_id])
+        cursor.execute(f"SELECT status, output, error, parent_id FROM {RUN_TABLE} WHERE id = %s FOR SHARE",
+                       [child_id])
         return cursor.fetchone()
 
 
@@ -393,6 +429,8 @@ def child_report(*, parent_id: str, parent_seq: int, child_id: str, child_status
     status = StepStatus.COMPLETED if child_status == RunStatus.COMPLETED else StepStatus.FAILED
     if status == StepStatus.FAILED:
         error_text = child_error_text(child_id, child_status, error_text)
+    if not lock_runs([parent_id]):
+        return False  # the parent ended: its open checkpoints were cancelled with it
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {CP_TABLE} SET status = %s, output = %s, error = %s, completed_at = statement_timestamp(), "
@@ -430,7 +468,9 @@ CLAIM_STEPS_SQL = f"""
 UPDATE {CP_TABLE} AS cp
 SET status = 'running', started_at = statement_timestamp(), attempt = cp.attempt + 1,
     last_heartbeat_at = statement_timestamp(), wake_at = NULL,
-    timeout_at = statement_timestamp() + make_interval(secs => COALESCE((cp.options->>'timeout')::float8, %s))
+    timeout_at = statement_timestamp() + make_interval(
+        secs => COALESCE((cp.options->>'timeout')::float8, %s)
+                + LEAST(1.0, COALESCE((cp.options->>'timeout')::float8, %s) / 3))
 WHERE cp.run_id = %s AND cp.seq = ANY(%s) AND cp.status = 'pending' AND cp.queue <> ''
   AND EXISTS (SELECT 1 FROM {RUN_TABLE} r WHERE r.id = cp.run_id AND r.status IN {ACTIVE})
 RETURNING cp.id, cp.seq, cp.name, cp.input, cp.options, cp.attempt, cp.parallel_group
@@ -438,37 +478,55 @@ RETURNING cp.id, cp.seq, cp.name, cp.input, cp.options, cp.attempt, cp.parallel_
 
 
 def steps_claim(run_id: str, seqs: Sequence[int], default_timeout: float) -> list[tuple]:
-    """Claim queued steps of an active run (pending -> running, attempt + 1, silence clock armed).
+    """Claim queued steps of an active run (pending -> running, attempt + 1, silence clock armed with the
+    grace of ``clock_grace``, since the keeper re-arms waiting steps only that often).
     Crash after commit: the steps stay running until their timeout passes, then the tick's
     timeout pass puts them back to pending and re-dispatches them."""
     with connection.cursor() as cursor:
-        cursor.execute(CLAIM_STEPS_SQL, [default_timeout, run_id, list(seqs)])
+        cursor.execute(CLAIM_STEPS_SQL, [default_timeout, default_timeout, run_id, list(seqs)])
         return sorted(cursor.fetchall(), key=lambda row: row[1])
 
 
-REARM_SQL = f"""
-UPDATE {CP_TABLE} AS cp
-SET timeout_at = statement_timestamp() + make_interval(secs => COALESCE((cp.options->>'timeout')::float8, %s))
-FROM unnest(%s::bigint[], %s::int[]) AS c(id, attempt)
-WHERE cp.id = c.id AND cp.attempt = c.attempt AND cp.status = 'running'
-RETURNING cp.id
-"""
+def clock_grace(timeout: float) -> float:
+    """How often the keeper re-arms a chunk's waiting steps, and the grace their clocks get for it."""
+    return min(1.0, timeout / 3)
 
 
-def steps_settle(run_id: str, settlements: list[tuple], *, rearm: Sequence[tuple] = (),
-                 default_timeout: float = 300.0) -> tuple[list[tuple], set[int]]:
+def steps_rearm(steps: Sequence[tuple[int, int]], *, grace_seconds: float) -> set[int]:
+    """Re-arm the silence clocks of claimed steps that are not running ((id, attempt) pairs): the worker
+    holding them is alive. Returns the ids still held (a step that timed out meanwhile is not)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {CP_TABLE} AS cp
+                SET timeout_at = statement_timestamp() + make_interval(secs => %s + COALESCE(
+                    (cp.options->>'timeout')::float8, %s))
+                FROM unnest(%s::bigint[], %s::int[]) AS c(id, attempt)
+                WHERE cp.id = c.id AND cp.attempt = c.attempt AND cp.status = 'running'
+                RETURNING cp.id""",
+            [grace_seconds, _default_timeout(), [step[0] for step in steps], [step[1] for step in steps]],
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+def _default_timeout() -> float:
+    from django.conf import settings
+
+    return float(getattr(settings, "DURABLE_STEP_DEFAULT_TIMEOUT", 300.0))
+
+
+def steps_settle(run_id: str, settlements: list[tuple]) -> list[tuple]:
     """Settle results of one run's claimed steps and wake the run, in one transaction.
 
     Each settlement is (id, attempt, status, output, error, retry_wake_at, started_at): a
     compare-and-set on the checkpoint's id, attempt and running status that never rewrites the
-    input. `rearm` lists (id, attempt) of steps this worker claimed and has not started yet: their
-    silence clock restarts, and the ids still held are returned (a step that timed out meanwhile
-    belongs to someone else now). The wake (a finished sequential step, any failure, or a fan with
+    input. The run's row is locked first (the lock order), which also serialises the fan join
+    check of concurrent settlers. The wake (a finished sequential step, any failure, or a fan with
     nothing left open) commits with the settle, so a crash after commit loses nothing.
-    Returns (settled (seq, status, group) rows, ids still held)."""
+    Returns the settled (seq, status, group) rows."""
     settled: list[tuple] = []
-    held: set[int] = set()
     with transaction.atomic(), connection.cursor() as cursor:
+        if not lock_runs([run_id]):
+            return []  # the run ended: its open steps were cancelled with it
         for start in range(0, len(settlements), 200):
             chunk = settlements[start:start + 200]
             values = ", ".join(["(%s::bigint, %s::int, %s, %s, %s, %s::timestamptz, %s::timestamptz)"] * len(chunk))
@@ -483,9 +541,6 @@ def steps_settle(run_id: str, settlements: list[tuple], *, rearm: Sequence[tuple
                 [value for row in chunk for value in row],
             )
             settled.extend(cursor.fetchall())
-        if rearm:
-            cursor.execute(REARM_SQL, [default_timeout, [r[0] for r in rearm], [r[1] for r in rearm]])
-            held = {row[0] for row in cursor.fetchall()}
         wake = False
         groups = set()
         for _seq, status, group in settled:
@@ -499,15 +554,12 @@ def steps_settle(run_id: str, settlements: list[tuple], *, rearm: Sequence[tuple
             run_wake(run_id)
         elif groups:
             fan_join_wake(run_id, groups)
-    return settled, held
+    return settled
 
 
-def step_heartbeat(*, step_id: int, attempt: int, timeout: float | None, progress_text: str,
-                   rearm: Sequence[tuple] = (), default_timeout: float = 300.0) -> set[int]:
-    """A running step's persisted heartbeat: re-arms its silence clock, records progress, and
-    re-arms the clocks of the steps queued behind it in the same claimed chunk (the worker is
-    alive, so they are not silent). Returns the queued ids still held."""
-    with transaction.atomic(), connection.cursor() as cursor:
+def step_heartbeat(*, step_id: int, attempt: int, timeout: float | None, progress_text: str) -> bool:
+    """A running step's persisted heartbeat: re-arms its silence clock and records progress."""
+    with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {CP_TABLE} SET last_heartbeat_at = statement_timestamp(), heartbeat_progress = %s, "
             "timeout_at = CASE WHEN %s::float8 IS NULL THEN NULL "
@@ -515,16 +567,14 @@ def step_heartbeat(*, step_id: int, attempt: int, timeout: float | None, progres
             "WHERE id = %s AND attempt = %s AND status = 'running'",
             [progress_text, timeout, timeout, step_id, attempt],
         )
-        if not rearm:
-            return set()
-        cursor.execute(REARM_SQL, [default_timeout, [r[0] for r in rearm], [r[1] for r in rearm]])
-        return {row[0] for row in cursor.fetchall()}
+        return cursor.rowcount == 1
 
 
 def steps_time_out(*, max_timeouts: int, error_text: str, batch: int) -> list[tuple]:
-    """Running queued steps silent past their timeout: the attempt is abandoned and the step goes back
-    to pending for a re-dispatch (or fails once it timed out more than `max_timeouts` times, waking
-    the run in the same transaction). Crash after commit: the pending step's wake_at is due, so the
+    """Running queued steps silent past their timeout (their runs' rows locked first, skipping runs
+    another transaction holds): the attempt is abandoned and the step goes back to pending for a
+    re-dispatch (or fails once it timed out more than `max_timeouts` times, waking the run in the same
+    transaction). Crash after commit: the pending step's wake_at is due, so the
     due-step pass re-dispatches it."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
@@ -538,9 +588,11 @@ def steps_time_out(*, max_timeouts: int, error_text: str, batch: int) -> list[tu
                     options = jsonb_set(options, '{{timeouts}}',
                                         to_jsonb(COALESCE((options->>'timeouts')::int, 0) + 1)),
                     timeout_at = NULL, error = %s
-                WHERE id IN (SELECT cp.id FROM {CP_TABLE} cp WHERE cp.status = 'running'
-                               AND cp.timeout_at < statement_timestamp()
-                             ORDER BY cp.timeout_at LIMIT %s FOR UPDATE SKIP LOCKED)
+                WHERE status = 'running' AND timeout_at < statement_timestamp() AND run_id IN (
+                    SELECT r.id FROM {RUN_TABLE} r
+                    WHERE r.id IN (SELECT DISTINCT cp.run_id FROM {CP_TABLE} cp WHERE cp.status = 'running'
+                                     AND cp.timeout_at < statement_timestamp() LIMIT %s)
+                    ORDER BY r.id FOR NO KEY UPDATE SKIP LOCKED)
                 RETURNING run_id, seq, status, queue""",
             [max_timeouts] * 3 + [error_text, batch],
         )
@@ -585,7 +637,10 @@ def steps_dispatch_due(*, redispatch_after: float, batch: int) -> list[tuple]:
 
 def signal_deliver(*, run_id: str, name: str, payload_text: str) -> str:
     """Deliver a signal to the run's oldest waiter of that name (settling its checkpoint and waking
-    the run in this transaction), else buffer it. The caller holds the signal's advisory lock."""
+    the run in this transaction); "" when there is none (the caller buffers it). The caller holds
+    the signal's advisory lock; the run's row is locked next (the lock order)."""
+    if not lock_runs([run_id]):
+        return ""
     with connection.cursor() as cursor:
         cursor.execute(
             f"DELETE FROM {WAITER_TABLE} WHERE id = (SELECT id FROM {WAITER_TABLE} "
@@ -606,13 +661,23 @@ def signal_deliver(*, run_id: str, name: str, payload_text: str) -> str:
 
 def event_deliver(*, namespace: str, name: str, payload_json: str, output_text: str) -> int:
     """Settle the checkpoint of every run of `namespace` waiting for this event whose match the
-    payload contains, and wake them, in the caller's transaction. Returns runs reached."""
+    payload contains, and wake them, in the caller's transaction (which holds the event's advisory
+    lock; the runs' rows are locked next). Returns runs reached."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM {WAITER_TABLE} AS w USING {RUN_TABLE} AS r "
-            "WHERE w.run_id = r.id AND r.namespace = %s AND w.kind = 'event' AND w.key = %s "
-            "AND %s::jsonb @> w.match RETURNING w.run_id, w.seq",
+            f"SELECT DISTINCT w.run_id FROM {WAITER_TABLE} w JOIN {RUN_TABLE} r ON r.id = w.run_id "
+            "WHERE r.namespace = %s AND w.kind = 'event' AND w.key = %s AND %s::jsonb @> w.match",
             [namespace, name, payload_json],
+        )
+        waiting = [row[0] for row in cursor.fetchall()]
+        if not waiting:
+            return 0
+        lock_runs(waiting)
+        cursor.execute(
+            f"DELETE FROM {WAITER_TABLE} AS w USING {RUN_TABLE} AS r "
+            "WHERE w.run_id = r.id AND r.id = ANY(%s) AND w.kind = 'event' AND w.key = %s "
+            "AND %s::jsonb @> w.match RETURNING w.run_id, w.seq",
+            [waiting, name, payload_json],
         )
         reached = 0
         for run_id, seq in cursor.fetchall():
@@ -673,10 +738,7 @@ def runs_cancel_tree(run_id: str, *, error_text: str, descendant_error_text: str
     reports to its parent. Returns the root's (parent_id, parent_seq, workflow, input, namespace,
     tags), or None when it was not active (with `root=False`: the ended run's own row is untouched)."""
     with transaction.atomic(), connection.cursor() as cursor:
-        descendants = descendant_run_ids([run_id], active_only=True)
-        if descendants:
-            cursor.execute(f"SELECT id FROM {RUN_TABLE} WHERE id = ANY(%s) ORDER BY array_position(%s, id) FOR UPDATE",
-                           [descendants, descendants])
+        _lock_descendants(run_id)
         row = None
         if root:
             cursor.execute(CANCEL_SQL, [error_text, [run_id]])
@@ -687,8 +749,7 @@ def runs_cancel_tree(run_id: str, *, error_text: str, descendant_error_text: str
         descendants = descendant_run_ids([run_id], active_only=True)
         ended = [run_id] if root else []
         if descendants:
-            cursor.execute(CANCEL_SQL, [descendant_error_text, descendants])
-            ended += [r[0] for r in cursor.fetchall()]
+            ended += _cancel_runs(descendants, descendant_error_text)
         if ended:
             _end_open_work(ended)
         if row is not None and row[1]:
@@ -705,7 +766,8 @@ RETRY_FIELDS = ("status = 'pending', output = '', error = '', ended_at = NULL, r
 def run_retry(run_id: str, *, input_text: str | None = None) -> int | None:
     """Run a failed, cancelled or dead run again (with `input_text`: from the start with new input).
 
-    A plain retry keeps every completed checkpoint and drops the rest, and retries the run's failed,
+    A plain retry keeps the completed checkpoints a replay reaches unchanged (those before the first that
+    did not complete, and the completed items of its fan) and drops the rest, and retries the run's failed,
     cancelled or dead descendants the same way, so the whole tree resumes where it stopped (a child
     that ended meanwhile settles its parent's checkpoint when the parent replays). New input starts
     a new history (epoch + 1): every checkpoint is deleted and children start afresh with new ids.
@@ -738,8 +800,21 @@ def run_retry(run_id: str, *, input_text: str | None = None) -> int | None:
                 [run_id],
             )
             retried += cursor.fetchall()
-            cursor.execute(f"DELETE FROM {CP_TABLE} WHERE run_id = ANY(%s) AND status <> 'completed'",
-                           [[rid for rid, _ in retried]])
+            # keep what a replay reaches unchanged: completed checkpoints before the first one that is not
+            # (and the completed items of that one's fan); what came after it was decided by its outcome
+            cursor.execute(
+                f"""WITH first_open AS (
+                        SELECT run_id, min(seq) AS seq FROM {CP_TABLE}
+                        WHERE run_id = ANY(%s) AND status <> 'completed' GROUP BY run_id),
+                    fan AS (
+                        SELECT f.run_id, f.seq, cp.parallel_group AS grp FROM first_open f
+                        JOIN {CP_TABLE} cp ON cp.run_id = f.run_id AND cp.seq = f.seq)
+                    DELETE FROM {CP_TABLE} AS cp USING fan
+                    WHERE cp.run_id = fan.run_id AND cp.seq >= fan.seq
+                      AND (cp.status <> 'completed' OR fan.grp IS NULL
+                           OR cp.parallel_group IS DISTINCT FROM fan.grp)""",
+                [[rid for rid, _ in retried]],
+            )
         cursor.execute(f"DELETE FROM {WAITER_TABLE} WHERE run_id = ANY(%s)", [[rid for rid, _ in retried]])
         for rid, priority in retried:
             dispatch_turn(rid, priority)
@@ -816,6 +891,23 @@ def runs_redispatch_lost(*, after_seconds: float, batch: int) -> list[tuple]:
         for run_id, priority in rows:
             dispatch_turn(run_id, priority)
     return rows
+
+
+def runs_cancel_orphans(*, batch: int = 500) -> int:
+    """Active runs whose parent has ended (a crash between a parent's death and the cancel of its
+    children): cancel them with their descendants. Safe to race (each cancel is a compare-and-set)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT c.id, p.id FROM {RUN_TABLE} c JOIN {RUN_TABLE} p ON p.id = c.parent_id "
+            f"WHERE c.status IN {ACTIVE} AND p.status IN {_sql_list(RunStatus.TERMINAL)} LIMIT %s", [batch],
+        )
+        orphans = cursor.fetchall()
+    cancelled = 0
+    for child_id, parent_id in orphans:
+        if runs_cancel_tree(child_id, error_text=_parent_ended_error(parent_id),
+                            descendant_error_text=_parent_ended_error(child_id)) is not None:
+            cancelled += 1
+    return cancelled
 
 
 # --------------------------------------------------------------------------------------- retention

@@ -109,7 +109,6 @@ def _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority,
     if isinstance(stop, ContinueAsNew):
         if not store.run_continue_as_new(run_id, token, encode(stop.input)):
             return TurnResult(run_id, TurnOutcome.LEASE_LOST)
-        _close_children(run_id, ctx)
         return TurnResult(run_id, TurnOutcome.CONTINUED)
     if isinstance(stop, NonDeterminismError | WorkflowMisuse | Exception):
         return _finish(run_id, token, RunStatus.FAILED, error=error_payload(stop), has_parent=has_parent, ctx=ctx)
@@ -137,20 +136,7 @@ def _finish(run_id: str, token: str, status: str, *, output=None, encoded_output
     if row is None:
         # cancelled (or recovered by another worker) while this turn ran: never resurrect it
         return TurnResult(run_id, TurnOutcome.LEASE_LOST)
-    if open_work:
-        _close_children(run_id, ctx)
     return TurnResult(run_id, status, output=output, error=error)
-
-
-def _close_children(run_id: str, ctx: Context) -> None:
-    """The parent-close policy: children still active when their parent's history ends are cancelled.
-    Best effort after the parent's commit: a child missed by a crash here runs to its end and
-    reports to a parent that no longer waits for it."""
-    try:
-        store.runs_cancel_tree(run_id, error_text="", root=False, descendant_error_text=encode(
-            {"type": "Cancelled", "message": f"parent {run_id} ended while this run was active"}))
-    except DatabaseError:
-        logger.exception("durable: cancelling the children of ended run %s failed", run_id)
 
 
 def _interrupted(run_id: str, token: str, cause: BaseException) -> TurnResult:

@@ -53,7 +53,8 @@ class RunFilter(django_filters.FilterSet):
             try:
                 items.append(selectors.AttributeFilter.parse(text))
             except selectors.InvalidFilter as exc:
-                self.form.add_error("attr", exc.message)
+                # the message quotes the caller's text: pass it as a parameter, never as a %-template
+                self.form.add_error("attr", forms.ValidationError("%(message)s", params={"message": exc.message}))
         return items
 
     def is_valid(self):

@@ -94,7 +94,7 @@ def test_a_step_is_never_settled_twice():
     assert second == {"claimed": 0, "settled": 0, "skipped": 0}
     # a late settle from a worker whose attempt was superseded changes nothing
     step = StepCheckpoint.objects.get(run_id=run.id, seq=0)
-    assert engine.settle_steps(run.id, [(step.id, 99, "completed", '"late"', "", None, None)]) == ([], set())
+    assert engine.settle_steps(run.id, [(step.id, 99, "completed", '"late"', "", None, None)]) == []
     assert decode(StepCheckpoint.objects.get(run_id=run.id, seq=0).output) == 3
 
 
