@@ -15,9 +15,11 @@ pair never repeats and a slow worker's old result never lands in a new attempt. 
 report to its parent is fenced by the child's run id, which changes with every new history
 (epoch) of the parent.
 
-Lock order. Whoever locks two runs locks the child before the parent (a child's finish
-settles and wakes its parent; a cancel locks descendants leaf first, then the root), and a
-settle takes its fan's advisory lock before waking the run, so these never deadlock.
+Lock order. Advisory locks first (a signal's or an event's), then run rows (a child before its
+parent; a cancel locks descendants leaf first, then the root), then checkpoint rows. Every path
+that settles a checkpoint and wakes its run locks the run's row before touching the checkpoint
+(``lock_runs``), which also serialises the join check of two settlers of one fan; so settles,
+deliveries, cancels and finishes never deadlock one another.
 """
 
 from __future__ import annotations
@@ -91,8 +93,9 @@ def lock_runs(run_ids: Sequence[str]) -> list[str]:
     """Lock runs' rows for a change of their checkpoints (the rule: advisory locks, then run rows,
     children before parents, then checkpoint rows). Returns the ids of those still active."""
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT id, status FROM {RUN_TABLE} WHERE id = ANY(%s) ORDER BY id FOR NO KEY UPDATE",
-                       [list(run_ids)])
+        # a child's id extends its parent's, so longer ids first puts children before their parents
+        cursor.execute(f"SELECT id, status FROM {RUN_TABLE} WHERE id = ANY(%s) ORDER BY length(id) DESC, id "
+                       "FOR NO KEY UPDATE", [list(run_ids)])
         return [run_id for run_id, status in cursor.fetchall() if status in RunStatus.ACTIVE]
 
 
@@ -592,7 +595,7 @@ def steps_time_out(*, max_timeouts: int, error_text: str, batch: int) -> list[tu
                     SELECT r.id FROM {RUN_TABLE} r
                     WHERE r.id IN (SELECT DISTINCT cp.run_id FROM {CP_TABLE} cp WHERE cp.status = 'running'
                                      AND cp.timeout_at < statement_timestamp() LIMIT %s)
-                    ORDER BY r.id FOR NO KEY UPDATE SKIP LOCKED)
+                    ORDER BY length(r.id) DESC, r.id FOR NO KEY UPDATE SKIP LOCKED)
                 RETURNING run_id, seq, status, queue""",
             [max_timeouts] * 3 + [error_text, batch],
         )
