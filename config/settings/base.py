@@ -169,6 +169,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "workspaces.api.schema.add_error_responses"],
 }
 
 # Production hardening: on whenever DEBUG is off, so `manage.py check --deploy` passes.

@@ -11,7 +11,7 @@ DETAIL_CHUNKS = 100
 
 
 class KnowledgeSourceSerializer(serializers.ModelSerializer):
-    ingest_run_status = serializers.CharField(source="ingest_run.status", read_only=True, default=None,
+    ingest_run_status = serializers.CharField(source="ingest_run.status", read_only=True, default=None, allow_null=True,
                                               help_text="Status of the durable run of the last ingest.")
     needs_reembed = serializers.BooleanField(read_only=True,
                                              help_text="Indexed with another model than EMBEDDING_MODEL.")

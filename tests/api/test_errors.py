@@ -188,3 +188,9 @@ def test_an_unrouted_api_url_answers_a_json_404(api_as, owner, url):
     assert_error_shape(client.get(url), status=404)
     assert_error_shape(client.post(url, {}, format="json"), status=404)
     assert_error_shape(client.get(url, HTTP_ACCEPT="text/html"), status=404)
+
+
+def test_a_percent_sign_in_an_attribute_filter_is_quoted_back_not_a_500(owner_client):
+    for url in ("/api/durable/runs/", "/api/durable/runs/facets/"):
+        error = assert_error_shape(owner_client.get(url, {"attr": "3G%^x"}), status=400)
+        assert "'3G%^x' is not key:op:value" in error["message"], error

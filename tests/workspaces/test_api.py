@@ -163,3 +163,9 @@ def test_an_oversized_body_is_a_json_413(api_as, owner, settings):
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "too_large"
     assert "file upload" in response.json()["error"]["message"]
+
+
+def test_a_slug_is_derived_unique_even_from_a_name_without_letters(api_as, owner):
+    client = api_as(owner)
+    slugs = [client.post("/api/workspaces/", {"name": name}).json()["slug"] for name in ("µ!", "!!!", "Acme", "acme")]
+    assert slugs == ["workspace", "workspace-2", "acme-2", "acme-3"]  # "acme" is the fixture's
