@@ -188,7 +188,14 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"quiet_periodic_tasks": {"()": "config.logging.QuietPeriodicTasks"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # the 1 s tick: INFO only when it did something (config/logging.py)
+        "celery.app.trace": {"filters": ["quiet_periodic_tasks"]},
+        "celery.worker.strategy": {"filters": ["quiet_periodic_tasks"]},
+        "celery.beat": {"filters": ["quiet_periodic_tasks"]},
+    },
 }
