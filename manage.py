@@ -12,8 +12,24 @@ def main() -> None:
 
         sys.exit(services(["exec", "--", sys.executable, *sys.argv]))
     from django.core.management import execute_from_command_line
+    from django.db import ProgrammingError
 
-    execute_from_command_line(sys.argv)
+    try:
+        execute_from_command_line(sys.argv)
+    except ProgrammingError:
+        if _migrated():
+            raise
+        sys.stderr.write("The database has no tables yet: run `.venv/bin/python manage.py migrate` "
+                         "(or `make run` once, which migrates and seeds the demo), then this command again.\n")
+        sys.exit(1)
+
+
+def _migrated() -> bool:
+    from django.db import connection
+    from django.db.migrations.recorder import MigrationRecorder
+
+    connection.close()  # the failed statement may have left a broken transaction behind
+    return MigrationRecorder(connection).has_table()
 
 
 if __name__ == "__main__":
