@@ -261,8 +261,8 @@ class ScheduleAdmin(admin.ModelAdmin):
     actions = ("pause_schedules", "resume_schedules")
 
     def get_readonly_fields(self, request, obj=None):
-        # schedule_save updates by key: renaming would create a second schedule
-        return (*self.readonly_fields, "key") if obj is not None else self.readonly_fields
+        # schedule_save updates by (namespace, key): changing either would create a second schedule
+        return (*self.readonly_fields, "key", "namespace") if obj is not None else self.readonly_fields
 
     def save_model(self, request, obj, form, change):
         saved = _schedule_save(obj)

@@ -216,7 +216,7 @@ class Schedule(models.Model):
         ALLOW = "allow", "Allow: start every window"
         SKIP = "skip", "Skip a window while the previous run is active"
 
-    key = models.SlugField(max_length=150, unique=True)
+    key = models.SlugField(max_length=150)
     workflow = models.CharField(max_length=200)
     namespace = models.CharField(max_length=100, default="default")
     input = models.JSONField(default=dict, blank=True)
@@ -236,6 +236,11 @@ class Schedule(models.Model):
 
     class Meta:
         constraints = [
+            # keys are per namespace, like run ids: one workspace's "nightly" is not another's
+            models.UniqueConstraint(
+                fields=["namespace", "key"], name="durable_schedule_namespace_key",
+                violation_error_message="A schedule with this key already exists in this namespace.",
+            ),
             models.CheckConstraint(
                 condition=(Q(every_seconds__isnull=False) & Q(cron="")) | (Q(every_seconds__isnull=True) & ~Q(cron="")),
                 name="durable_schedule_every_xor_cron",

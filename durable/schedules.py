@@ -1,6 +1,6 @@
 """Schedule windows: every N seconds (aligned to the epoch) or cron in a time zone.
 
-A window's run id is ``sched:<key>:<window>``, so however many ticks race, each window
+A window's run id is ``sched:<namespace>:<key>:<window>``, so however many ticks race, each window
 starts at most one run; the schedule row is also claimed FOR UPDATE SKIP LOCKED.
 """
 
@@ -41,7 +41,7 @@ def jitter_for(schedule, window: datetime) -> timedelta:
     """A stable per-window delay in [0, jitter_seconds), so racing ticks agree on it."""
     if not schedule.jitter_seconds:
         return timedelta(0)
-    digest = hashlib.sha256(f"{schedule.key}:{window.isoformat()}".encode()).digest()
+    digest = hashlib.sha256(f"{schedule.namespace}:{schedule.key}:{window.isoformat()}".encode()).digest()
     return timedelta(seconds=int.from_bytes(digest[:4], "big") % schedule.jitter_seconds)
 
 
@@ -75,4 +75,4 @@ def due_windows(schedule, *, now: datetime) -> list[datetime]:
 
 
 def run_id_for(schedule, window: datetime) -> str:
-    return f"sched:{schedule.key}:{window.strftime('%Y%m%dT%H%M%SZ')}"
+    return f"sched:{schedule.namespace}:{schedule.key}:{window.strftime('%Y%m%dT%H%M%SZ')}"

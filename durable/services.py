@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 
-from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -152,17 +151,15 @@ def runs_bulk_retry(*, run_ids: Sequence[str]) -> dict:
 def schedule_save(*, key: str, workflow: str, namespace: str = "default", input=None, every_seconds: int | None = None,
                   cron: str = "", timezone_name: str = "UTC", paused: bool = False, overlap: str = "allow",
                   jitter_seconds: int = 0, catchup_limit: int = 1, tags: Sequence[str] = ()) -> Schedule:
-    """Create or update a schedule and compute its next window."""
+    """Create or update the schedule `key` of `namespace` (keys are per namespace) and compute its next
+    window."""
     from durable.schedules import next_window, validate_schedule
 
     get_workflow(workflow)
     validate_schedule(every_seconds=every_seconds, cron=cron, timezone_name=timezone_name)
-    if Schedule.objects.filter(key=key).exclude(namespace=namespace).exists():
-        # keys name the runs (sched:<key>:<window>), so they are global: never take over another namespace's
-        raise ValidationError({"key": "A schedule with this key belongs to another namespace."})
     schedule, _ = Schedule.objects.update_or_create(
-        key=key,
-        defaults=dict(workflow=workflow, namespace=namespace, input=input if input is not None else {},
+        namespace=namespace, key=key,
+        defaults=dict(workflow=workflow, input=input if input is not None else {},
                       every_seconds=every_seconds, cron=cron, timezone=timezone_name, paused=paused,
                       overlap=overlap, jitter_seconds=jitter_seconds, catchup_limit=catchup_limit, tags=list(tags)),
     )

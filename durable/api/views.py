@@ -322,12 +322,12 @@ class ScheduleViewSet(NamespaceScopedMixin, mixins.CreateModelMixin, mixins.Upda
         workspace = data["workspace"]
         self.check_write_role(workspace)
         with transaction.atomic():
-            # schedule_save updates by key, and keys are global: never let a create land on another
-            # namespace's schedule (the lock serialises two creates of one key)
+            # schedule_save updates by (namespace, key): a create must not land on an existing schedule
+            # (the lock serialises two creates of one key)
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                               [f"durable:schedule:{data['key']}"])
-            if Schedule.objects.filter(key=data["key"]).exists():
+                               [f"durable:schedule:{workspace.namespace}:{data['key']}"])
+            if Schedule.objects.filter(namespace=workspace.namespace, key=data["key"]).exists():
                 raise exceptions.ValidationError({"key": ["A schedule with this key already exists."]})
             serializer.instance = self._save(None, workspace.namespace, data)
 

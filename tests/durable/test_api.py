@@ -348,16 +348,20 @@ def test_schedule_validation_names_the_field(api_as, owner, workspace, payload, 
     assert field in error(response)["fields"], error(response)
 
 
-def test_a_schedule_key_of_another_namespace_is_never_taken_over(api_as, owner, workspace, other_workspace):
+def test_schedule_keys_are_per_workspace_and_never_take_over_another(api_as, owner, workspace, other_workspace):
     from durable.services import schedule_save
 
     schedule_save(key="shared", workflow="tests.sequence", namespace=other_workspace.namespace, every_seconds=60)
     response = api_as(owner).post(SCHEDULES, {"key": "shared", "workflow": "tests.fan", "workspace": workspace.pk,
                                               "every_seconds": 5}, format="json")
-    assert response.status_code == 400 and "key" in error(response)["fields"]
-    schedule = Schedule.objects.get(key="shared")
-    assert (schedule.namespace, schedule.workflow, schedule.every_seconds) == (other_workspace.namespace,
-                                                                              "tests.sequence", 60)
+    assert response.status_code == 201  # the other workspace's key says nothing about it, and is not touched
+    theirs = Schedule.objects.get(key="shared", namespace=other_workspace.namespace)
+    assert (theirs.workflow, theirs.every_seconds) == ("tests.sequence", 60)
+    ours = Schedule.objects.get(key="shared", namespace=workspace.namespace)
+    assert (ours.workflow, ours.every_seconds) == ("tests.fan", 5)
+    again = api_as(owner).post(SCHEDULES, {"key": "shared", "workflow": "tests.fan", "workspace": workspace.pk,
+                                           "every_seconds": 5}, format="json")
+    assert again.status_code == 400 and "key" in error(again)["fields"]
 
 
 # ------------------------------------------------------------------------------ query budgets

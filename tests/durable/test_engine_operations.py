@@ -10,6 +10,7 @@ from durable import codec, engine, retention, store, tick, turns
 from durable.codec import decode
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun, Schedule, StepCheckpoint
+from durable.schedules import run_id_for
 from durable.services import run_cancel, run_retry, run_start, schedule_save
 
 pytestmark = pytest.mark.django_db
@@ -98,7 +99,7 @@ def test_schedule_fires_each_window_once():
     assert tick.fire_due_schedules() == 3  # bounded catch-up: the 3 newest missed windows
     assert tick.fire_due_schedules() == 0
     ids = sorted(DurableRun.objects.filter(workflow="tests.sequence").values_list("id", flat=True))
-    assert len(ids) == 3 and all(run_id.startswith("sched:nightly:") for run_id in ids)
+    assert len(ids) == 3 and all(run_id.startswith("sched:default:nightly:") for run_id in ids)
     schedule.refresh_from_db()
     assert schedule.next_fire_at > timezone.now()
 
@@ -223,7 +224,7 @@ def test_racing_ticks_start_each_schedule_window_once():
         thread.start()
     for thread in threads:
         thread.join()
-    ids = list(DurableRun.objects.filter(id__startswith="sched:race:").values_list("id", flat=True))
+    ids = list(DurableRun.objects.filter(id__startswith="sched:default:race:").values_list("id", flat=True))
     assert len(ids) == len(set(ids)) == expected >= 4
 
 
@@ -266,14 +267,13 @@ def test_a_run_id_of_another_namespace_is_refused():
         run_start(workflow="tests.sequence", input={"steps": 1}, run_id="shared-id", namespace="ws-2")
 
 
-def test_a_schedule_key_of_another_namespace_is_refused():
-    from django.core.exceptions import ValidationError
-
-    schedule_save(key="nightly-a", workflow="tests.sequence", every_seconds=60, namespace="ws-1")
-    with pytest.raises(ValidationError) as error:
-        schedule_save(key="nightly-a", workflow="tests.sequence", every_seconds=60, namespace="ws-2")
-    assert "key" in error.value.message_dict
-    assert Schedule.objects.get(key="nightly-a").namespace == "ws-1"
+def test_schedule_keys_are_per_namespace_and_name_their_runs_apart():
+    ours = schedule_save(key="nightly-a", workflow="tests.sequence", every_seconds=60, namespace="ws-1")
+    theirs = schedule_save(key="nightly-a", workflow="tests.fan", every_seconds=120, namespace="ws-2")
+    assert ours.pk != theirs.pk
+    assert Schedule.objects.get(key="nightly-a", namespace="ws-1").workflow == "tests.sequence"
+    window = timezone.now().replace(microsecond=0)
+    assert run_id_for(ours, window) != run_id_for(theirs, window)
 
 
 def test_cancel_with_compensation_starts_the_compensating_workflow():
