@@ -39,6 +39,7 @@ class ChunkClocks:
     """The steps of one claimed chunk whose clocks the keeper re-arms: (id, attempt) by id."""
 
     period: float
+    kept: bool = True
     waiting: dict = field(default_factory=dict)
     held: set = field(default_factory=set)
     rearmed_at: float = field(default_factory=time.monotonic)
@@ -92,11 +93,13 @@ class Keeper:
 
     # -- chunk clocks
 
-    def hold_chunk(self, steps: list[tuple[int, int]], period: float) -> int:
-        """Start keeping the clocks of a claimed chunk's steps ((id, attempt) pairs); returns its key."""
+    def hold_chunk(self, steps: list[tuple[int, int]], period: float, *, kept: bool = True) -> int:
+        """Start keeping the clocks of a claimed chunk's steps ((id, attempt) pairs); returns its key.
+        With `kept=False` the chunk is only tracked (its claim is not visible to other connections yet)."""
         with self._lock:
             key = next(self._ids)
-            self._chunks[key] = ChunkClocks(period=period, waiting=dict(steps), held={step for step, _ in steps})
+            self._chunks[key] = ChunkClocks(period=period, kept=kept, waiting=dict(steps),
+                                            held={step for step, _ in steps})
             self._ensure_thread()
         self._wakeup.set()
         return key
@@ -131,7 +134,7 @@ class Keeper:
         now = time.monotonic()
         with self._lock:
             due = {key: (dict(chunk.waiting), chunk.period) for key, chunk in self._chunks.items()
-                   if chunk.waiting and now - chunk.rearmed_at >= chunk.period / 2}
+                   if chunk.kept and chunk.waiting and now - chunk.rearmed_at >= chunk.period / 2}
         for key, (waiting, period) in due.items():
             still = store.steps_rearm(list(waiting.items()), grace_seconds=period)
             with self._lock:
@@ -142,7 +145,7 @@ class Keeper:
 
     def _sleep_seconds(self) -> float:
         with self._lock:
-            periods = [chunk.period / 2 for chunk in self._chunks.values()]
+            periods = [chunk.period / 2 for chunk in self._chunks.values() if chunk.kept]
         return max(0.1, min([durable_settings().lease_seconds / 3, *periods]))
 
     def _loop(self) -> None:

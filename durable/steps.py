@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings as django_settings
+from django.db import connection
 
 from durable import store
 from durable.codec import decode, encode
@@ -80,7 +81,10 @@ def execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
     for row in claimed:
         options = (json.loads(row[4]) if isinstance(row[4], str) else row[4]) or {}
         timeouts.append(float(options.get("timeout") or default_timeout))
-    chunk = keeper.hold_chunk([(row[0], row[5]) for row in claimed], period=store.clock_grace(min(timeouts)))
+    # the keeper re-arms clocks on its own connection, which sees the claim only once it is committed
+    # (not inside a caller's transaction, as in a test driving steps in-process)
+    chunk = keeper.hold_chunk([(row[0], row[5]) for row in claimed], period=store.clock_grace(min(timeouts)),
+                              kept=not connection.in_atomic_block)
     pending: list[tuple] = []
     settled = skipped = 0
     last_save = time.monotonic()
