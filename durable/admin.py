@@ -9,7 +9,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import ValidationError
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
@@ -114,12 +114,16 @@ class DurableRunAdmin(ReadOnlyAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        condition = Q(pk=term) | Exists(RunAttribute.objects.filter(run_id=OuterRef("pk"), value=term))
+        # One id set, each part index-served: a run id prefix (LIKE 'x%' through durable_run_id_prefix; an
+        # exact id is its own prefix), an attribute value, or key=value. A UNION of ids lets Postgres join it
+        # to the runs by primary key; OR-ing the parts on the runs table would scan every run.
+        attributes = Q(value=term)
         key, sep, value = term.partition("=")
         if sep and key.strip():
-            condition |= Exists(RunAttribute.objects.filter(run_id=OuterRef("pk"), key=key.strip(),
-                                                            value=value.strip()))
-        return queryset.filter(condition), False
+            attributes |= Q(key=key.strip(), value=value.strip())
+        ids = DurableRun.objects.filter(pk__startswith=term).values("pk").union(
+            RunAttribute.objects.filter(attributes).values("run_id"))
+        return queryset.filter(pk__in=ids), False
 
     # ------------------------------------------------------------------------- change page
 

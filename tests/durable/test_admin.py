@@ -50,6 +50,36 @@ def test_changelist_lists_filters_and_searches(admin_client):
     assert listed("?q=customer%3Dnobody") == set()
 
 
+def test_search_by_run_id_prefix_uses_the_prefix_index(admin_client):
+    """An operator pastes the start of a run id; the changelist finds it through an index, not a scan."""
+    make("order-42-a", "completed")
+    make("order-42-b", "failed")
+    make("invoice-7", "completed")
+    make("x-order-42", "completed")  # contains the term, does not start with it
+
+    def listed(query):
+        response = admin_client.get(CHANGELIST + query)
+        assert response.status_code == 200
+        return {obj.pk for obj in response.context["cl"].result_list}
+
+    assert listed("?q=order-42") == {"order-42-a", "order-42-b"}
+    assert listed("?q=order-42-a") == {"order-42-a"}
+    assert listed("?q=order_42") == set()  # LIKE wildcards in the term are literal
+    assert listed("?q=nothing") == set()
+
+    from durable.admin import DurableRunAdmin
+    from durable.models import DurableRun as Run
+
+    model_admin = DurableRunAdmin(Run, None)
+    queryset, _ = model_admin.get_search_results(None, Run.objects.all(), "order-42")
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        sql, params = queryset.query.sql_with_params()
+        cursor.execute(f"EXPLAIN {sql}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "durable_run_id_prefix" in plan
+
+
 def test_runs_are_read_only(admin_client):
     make("ro", "completed")
     assert admin_client.get(reverse("admin:durable_durablerun_add")).status_code == 403
