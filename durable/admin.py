@@ -114,9 +114,11 @@ class DurableRunAdmin(ReadOnlyAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        # One id set, each part index-served: a run id prefix (LIKE 'x%' through durable_run_id_prefix; an
-        # exact id is its own prefix), an attribute value, or key=value. A UNION of ids lets Postgres join it
-        # to the runs by primary key; OR-ing the parts on the runs table would scan every run.
+        # One id set, each part index-served: a run id prefix (an exact id is its own prefix; LIKE 'x%' goes
+        # through the varchar_pattern_ops index Django creates for a CharField primary key,
+        # durable_durablerun_id_<hash>_like, since the primary key's btree cannot serve LIKE under this
+        # database's C.UTF-8 collation), an attribute value, or key=value. A UNION of ids lets Postgres join
+        # it to the runs by primary key; OR-ing the parts on the runs table would scan every run.
         attributes = Q(value=term)
         key, sep, value = term.partition("=")
         if sep and key.strip():

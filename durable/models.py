@@ -8,7 +8,7 @@ query it serves.
 """
 
 from django.contrib.postgres.fields import ArrayField
-from django.contrib.postgres.indexes import GinIndex, OpClass
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
@@ -67,9 +67,6 @@ class DurableRun(models.Model):
             GinIndex(fields=["tags"], name="durable_run_tags_idx"),
             # listing and facets by workflow
             models.Index(fields=["workflow", "status"], name="durable_run_workflow_idx"),
-            # the admin's search by run id prefix (`id LIKE 'x%'`): under a non-C collation the primary key's
-            # btree cannot serve LIKE, the pattern operator class can
-            models.Index(OpClass("id", name="varchar_pattern_ops"), name="durable_run_id_prefix"),
         ]
 
     def __str__(self) -> str:

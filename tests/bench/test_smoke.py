@@ -51,3 +51,22 @@ def test_timer_rows_load_and_the_due_query_answers():
                 copy.write(block)
         cursor.execute(durable_timers.DUE_SQL)
         assert len(cursor.fetchall()) == 10
+
+
+@pytest.mark.django_db
+def test_admin_search_renders_the_changelist_and_explains_it():
+    from django.db import connection
+
+    from bench import admin_search
+
+    blocks, _counts = durable_timers.generate(1000, 10)
+    connection.ensure_connection()
+    with connection.connection.cursor() as cursor:
+        with cursor.copy(f"COPY {durable_timers.RUN_TABLE} ({', '.join(durable_timers.COLUMNS)}) FROM STDIN") as copy:
+            for block in blocks:
+                copy.write(block)
+    admins, user = admin_search._admins()
+    now = admin_search.time_case(admins["now"], user, "run-0000050", reps=1)
+    before = admin_search.time_case(admins["icontains"], user, "run-0000050", reps=1)
+    assert now["rows"] == before["rows"] == 10
+    assert "LIKE" in now["sql"].upper() and "Limit" in now["explain"]
