@@ -318,6 +318,24 @@ def stop_process_groups(processes: list[subprocess.Popen], *, timeout: float = 1
             os.killpg(process.pid, signal.SIGKILL)
 
 
+def gunicorn_command(python: str, host: str, port: int, *, workers: int, threads: int) -> list[str]:
+    """The web server of `make run` (and of the api_load benchmark): gunicorn with threaded workers."""
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return [python, "-m", "gunicorn", "config.wsgi:application", "--bind", bind, "--workers", str(workers),
+            "--threads", str(threads), "--worker-class", "gthread", "--timeout", "60", "--graceful-timeout", "5",
+            "--access-logfile", "-"]
+
+
+def connection_budget(*, web_workers: int, celery_processes: int) -> str:
+    """The most Postgres connections web, worker and beat can hold: one pool per process."""
+    pool = int(os.environ.get("DATABASE_POOL_MAX_SIZE") or 4)
+    if pool == 0:
+        return "Postgres connections: no pool (DATABASE_POOL_MAX_SIZE=0), one per thread"
+    total = (web_workers + celery_processes + 1) * pool
+    return (f"Postgres connections: at most {total} ({web_workers} web + {celery_processes} Celery + 1 beat "
+            f"processes x a pool of {pool})")
+
+
 def _run_checked(command: list[str], env: dict[str, str]) -> None:
     result = subprocess.run(command, env=env, cwd=BASE_DIR)
     if result.returncode != 0:
@@ -366,12 +384,16 @@ def command_run(args: argparse.Namespace) -> int:
         _run_checked([python, "manage.py", "ensure_admin"], env)
         _run_checked([python, "manage.py", "seed_demo"], env)
         host, port = args.host, args.port
-        supervisor.spawn("web", [python, "manage.py", "runserver", f"{host}:{port}", "--noreload"], env)
+        # gunicorn, not runserver: a fixed number of processes and threads, so the database connections the
+        # web side can hold are bounded (each process's pool, DATABASE_POOL_MAX_SIZE) whatever the traffic
+        supervisor.spawn("web", gunicorn_command(python, host, port, workers=args.web_workers,
+                                                 threads=args.web_threads), env)
         supervisor.spawn("worker", [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
                                     "--concurrency", str(args.concurrency), "-Q", args.queues,
                                     "--hostname", "worker@%h"], env)
         supervisor.spawn("beat", [python, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO",
                                   "--schedule", str(supervisor.data_dir / "celerybeat-schedule")], env)
+        _say(connection_budget(web_workers=args.web_workers, celery_processes=args.concurrency + 1))
         time.sleep(1.0)
         _say(f"Admin:     http://{host}:{port}/admin/")
         _say(f"API docs:  http://{host}:{port}/api/docs/")
@@ -448,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--host", default=os.environ.get("LINEAGE_HOST", "127.0.0.1"))
     run.add_argument("--port", type=int, default=int(os.environ.get("LINEAGE_PORT", "8000")))
     run.add_argument("--concurrency", type=int, default=2)
+    run.add_argument("--web-workers", type=int, default=int(os.environ.get("LINEAGE_WEB_WORKERS", "2")))
+    run.add_argument("--web-threads", type=int, default=int(os.environ.get("LINEAGE_WEB_THREADS", "4")))
     run.add_argument("--queues", default="celery,turns,steps,llm,ingest")
     run.set_defaults(func=command_run)
     ex = sub.add_parser("exec", help="run a command with the services up")

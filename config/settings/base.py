@@ -4,7 +4,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_int, env_list, env_str, env_url
+from config.env import env_bool, env_float, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 DATA_DIR = Path(env_str("LINEAGE_DATA_DIR", str(BASE_DIR / ".data")))
@@ -53,8 +53,11 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-if not DEBUG:  # runserver serves static files in development; whitenoise does in production
-    MIDDLEWARE.insert(1, "whitenoise.middleware.WhiteNoiseMiddleware")
+# whitenoise serves static files under gunicorn, in `make run` (DEBUG: straight from the apps' static
+# directories, no collectstatic) and in production (the collected, hashed files)
+MIDDLEWARE.insert(1, "whitenoise.middleware.WhiteNoiseMiddleware")
+WHITENOISE_USE_FINDERS = DEBUG
+WHITENOISE_AUTOREFRESH = DEBUG
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -80,14 +83,31 @@ if DATABASE_URL is None:
         "DATABASE_URL is not set. `make run`, `make test` and `python manage.py ...` start an embedded Postgres "
         "and set it; otherwise set DATABASE_URL=postgres://user:pass@host/db."
     )
+# Each process (a gunicorn worker, a Celery pool process, beat, a manage.py command) opens at most
+# DATABASE_POOL_MAX_SIZE connections, whatever its number of threads: a request or task borrows one for
+# its duration and gives it back, and waits up to DATABASE_POOL_TIMEOUT seconds when all are busy. So
+# the whole installation needs at most (web workers + Celery processes + beat) x the pool size
+# connections (see README, "Connections"), bounded by configuration rather than by traffic.
+# DATABASE_POOL_MAX_SIZE=0 turns the pool off (then DATABASE_CONN_MAX_AGE applies: one connection per
+# thread, kept that many seconds).
+DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 4, minimum=0, maximum=1000)
+DATABASE_POOL_MIN_SIZE = env_int("DATABASE_POOL_MIN_SIZE", 1, minimum=0, maximum=DATABASE_POOL_MAX_SIZE or 1000)
+DATABASE_POOL_TIMEOUT = env_float("DATABASE_POOL_TIMEOUT", 10.0, minimum=0.1)
 DATABASES = {
     "default": dj_database_url.parse(
         DATABASE_URL,
-        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0),
+        # the pool needs CONN_MAX_AGE 0: a connection goes back to the pool when Django closes it
+        conn_max_age=0 if DATABASE_POOL_MAX_SIZE else env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0),
         conn_health_checks=True,
     )
 }
 DATABASES["default"].setdefault("OPTIONS", {})
+if DATABASE_POOL_MAX_SIZE:
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": DATABASE_POOL_MIN_SIZE, "max_size": DATABASE_POOL_MAX_SIZE, "timeout": DATABASE_POOL_TIMEOUT,
+        # idle connections above min_size are closed after a minute
+        "max_idle": 60.0,
+    }
 DATABASES["default"]["TEST"] = {"NAME": env_str("DATABASE_TEST_NAME", None)}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -61,10 +61,11 @@ def test_admin_search_renders_the_changelist_and_explains_it():
 
     blocks, _counts = durable_timers.generate(1000, 10)
     connection.ensure_connection()
-    with connection.connection.cursor() as cursor:
-        with cursor.copy(f"COPY {durable_timers.RUN_TABLE} ({', '.join(durable_timers.COLUMNS)}) FROM STDIN") as copy:
-            for block in blocks:
-                copy.write(block)
+    columns = ", ".join(durable_timers.COLUMNS)
+    with connection.connection.cursor() as cursor, cursor.copy(
+            f"COPY {durable_timers.RUN_TABLE} ({columns}) FROM STDIN") as copy:
+        for block in blocks:
+            copy.write(block)
     admins, user = admin_search._admins()
     now = admin_search.time_case(admins["now"], user, "run-0000050", reps=1)
     before = admin_search.time_case(admins["icontains"], user, "run-0000050", reps=1)

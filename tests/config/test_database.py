@@ -28,8 +28,7 @@ def test_migrate_waits_for_the_advisory_lock(settings):
 
     from config.management.commands.migrate import MIGRATE_LOCK_KEY
 
-    holder = connection.get_new_connection(connection.get_connection_params())
-    holder.autocommit = True
+    holder = connection.Database.connect(**connection.get_connection_params(), autocommit=True)
     holder.execute("SELECT pg_advisory_lock(%s)", [MIGRATE_LOCK_KEY])
     done = threading.Event()
     errors = []
@@ -60,3 +59,76 @@ def test_migrate_waits_for_the_advisory_lock(settings):
     assert done.wait(30)
     thread.join()
     assert errors == []
+
+
+def test_the_pool_size_comes_from_the_environment():
+    """Each process's connections are bounded by DATABASE_POOL_MAX_SIZE (persistent connections off)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, django; from django.conf import settings; django.setup(); "
+            "d = settings.DATABASES['default']; print(json.dumps([d['OPTIONS'].get('pool'), d['CONN_MAX_AGE']]))")
+
+    def run(**extra):
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", **extra}
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+    def configured(**extra):
+        out = run(**extra)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    pool, max_age = configured(DATABASE_POOL_MAX_SIZE="3", DATABASE_POOL_TIMEOUT="2.5")
+    assert pool["max_size"] == 3 and pool["timeout"] == 2.5 and pool["min_size"] <= 3
+    assert max_age == 0
+    pool, max_age = configured(DATABASE_POOL_MAX_SIZE="0", DATABASE_CONN_MAX_AGE="30")
+    assert pool is None and max_age == 30
+    bad = run(DATABASE_POOL_MAX_SIZE="many")
+    assert bad.returncode != 0 and "DATABASE_POOL_MAX_SIZE" in bad.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_concurrent_requests_stays_within_the_pool(live_server, settings, member):
+    """96 API requests, 32 at a time, against the live server (a thread per request) never hold more
+    connections than this process's pool allows."""
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    import psycopg
+    from knox.models import AuthToken
+
+    from durable.models import DurableRun
+
+    bound = settings.DATABASES["default"]["OPTIONS"]["pool"]["max_size"]
+    namespace = member.memberships.get().workspace.namespace
+    DurableRun.objects.bulk_create([DurableRun(id=f"burst-{i}", workflow="tests.sequence", namespace=namespace)
+                                    for i in range(60)])
+    _instance, token = AuthToken.objects.create(user=member)
+    sampler = psycopg.connect(**connection.get_connection_params(), autocommit=True)  # outside the pool
+    peak, stop = [0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            count = sampler.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                    "AND pid <> pg_backend_pid()").fetchone()[0]
+            peak[0] = max(peak[0], count)
+
+    def get(index):
+        request = urllib.request.Request(f"{live_server.url}/api/durable/runs/?page_size=50",  # noqa: S310
+                                         headers={"Authorization": f"Token {token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - the loopback live server
+            return response.status
+
+    watcher = threading.Thread(target=sample)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(32) as executor:
+            statuses = list(executor.map(get, range(96)))
+    finally:
+        stop.set()
+        watcher.join()
+        sampler.close()
+    assert statuses == [200] * 96
+    assert 1 <= peak[0] <= bound

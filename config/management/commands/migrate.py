@@ -19,9 +19,10 @@ class Command(DjangoMigrateCommand):
         wrapper = connections[options["database"]]
         if wrapper.vendor != "postgresql":
             return super().handle(*args, **options)
-        lock_conn = wrapper.get_new_connection(wrapper.get_connection_params())
+        # straight from the driver, never from the connection pool: a pooled connection closed here would
+        # never be given back, and a pool of one would have none left for the migrations
+        lock_conn = wrapper.Database.connect(**wrapper.get_connection_params(), autocommit=True)
         try:
-            lock_conn.autocommit = True
             with lock_conn.cursor() as cursor:
                 cursor.execute("SELECT pg_try_advisory_lock(%s)", [MIGRATE_LOCK_KEY])
                 if not cursor.fetchone()[0]:
