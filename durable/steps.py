@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextvars
 import json
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings as django_settings
-from django.db import connection
+from django.db import DatabaseError, OperationalError, connection
 
 from durable import store
 from durable.codec import decode, encode
@@ -30,6 +31,8 @@ from durable.leases import keeper
 from durable.registry import resolve_callable
 from durable.settings import durable_settings
 from durable.states import StepStatus
+
+logger = logging.getLogger("durable.engine")
 
 
 @dataclass
@@ -62,8 +65,15 @@ def heartbeat(progress=None) -> None:
     if clock - scope.last_persist < interval:
         return
     scope.last_persist = clock
-    store.step_heartbeat(step_id=scope.step_id, attempt=scope.attempt, timeout=scope.timeout,
-                         progress_text=encode(progress) if progress is not None else "")
+    try:
+        store.step_heartbeat(step_id=scope.step_id, attempt=scope.attempt, timeout=scope.timeout,
+                             progress_text=encode(progress) if progress is not None else "")
+    except DatabaseError as exc:
+        # the step's own work is fine: a heartbeat that could not be written is only a missed one (if they
+        # keep failing, the step's clock runs out and the tick hands it to another worker)
+        logger.warning("durable: step %s: a heartbeat could not be written (%s)", scope.step_id, exc)
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
 
 
 def execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
@@ -91,7 +101,7 @@ def execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
 
     def save():
         nonlocal pending, last_save, settled
-        rows = store.steps_settle(run_id, pending)
+        rows = _settle_with_retries(run_id, pending)
         keeper.chunk_saved(chunk, [row[0] for row in pending])
         settled += len(rows)
         pending = []
@@ -113,6 +123,21 @@ def execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
     finally:
         keeper.release_chunk(chunk)
     return {"claimed": len(claimed), "settled": settled, "skipped": skipped}
+
+
+def _settle_with_retries(run_id: str, pending: list[tuple], attempts: int = 3) -> list[tuple]:
+    """Save results, retrying a transient database error (a lock timeout, a dropped connection) a few
+    times: the steps' work is done, and giving up means running them again after their timeout."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return store.steps_settle(run_id, pending)
+        except OperationalError:
+            if attempt == attempts or connection.in_atomic_block:
+                raise
+            logger.warning("durable: saving %d results of run %s failed; retrying", len(pending), run_id)
+            connection.close_if_unusable_or_obsolete()
+            time.sleep(0.2 * 2 ** (attempt - 1))
+    return []
 
 
 def _run_step(run_id, step_id, seq, name, input_text, options, attempt, timeout) -> tuple:

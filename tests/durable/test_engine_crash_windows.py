@@ -342,3 +342,33 @@ def test_continue_as_new_keeps_one_history_and_gives_children_new_ids():
     assert StepCheckpoint.objects.filter(run_id=run.id).count() == 2  # only the last history's step and child
     children = sorted(DurableRun.objects.filter(parent_id=run.id).values_list("id", flat=True))
     assert children == [f"{run.id}/1", f"{run.id}/1.1", f"{run.id}/2.1", f"{run.id}/3.1"]
+
+
+@pytest.fixture
+def heartbeat_write_fails_once():
+    """The first heartbeat write fails, as under a lock timeout or a failover."""
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            CREATE SEQUENCE test_heartbeat_once;
+            CREATE FUNCTION test_heartbeat_fails() RETURNS trigger AS $$
+            BEGIN
+                IF NEW.heartbeat_progress <> OLD.heartbeat_progress AND nextval('test_heartbeat_once') = 1 THEN
+                    RAISE EXCEPTION 'simulated lock timeout' USING ERRCODE = '55P03';
+                END IF;
+                RETURN NEW;
+            END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER test_heartbeat_fails BEFORE UPDATE ON durable_stepcheckpoint
+                FOR EACH ROW EXECUTE FUNCTION test_heartbeat_fails();
+        """)
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER test_heartbeat_fails ON durable_stepcheckpoint; "
+                       "DROP FUNCTION test_heartbeat_fails(); DROP SEQUENCE test_heartbeat_once;")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_heartbeat_that_cannot_be_written_does_not_fail_the_step(heartbeat_write_fails_once):
+    run = run_until_settled(run_start(workflow="tests.heartbeat", input={"seconds": 0.5, "timeout": 3}).id)
+    assert run.status == "completed", run.error
+    step = StepCheckpoint.objects.get(run_id=run.id, seq=0)
+    assert step.attempt == 1 and step.status == "completed"
