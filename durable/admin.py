@@ -20,7 +20,7 @@ from durable.codec import Undecodable, decode, decode_strict
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, RunAttribute, Schedule
 from durable.registry import UnknownWorkflow, get_workflow, workflow_names
 from durable.schedules import validate_schedule
-from workspaces.models import Workspace
+from workspaces.admin_scope import WorkspaceScopedAdmin, sees_everything, workspaces_for
 
 UNDECODABLE = "(undecodable)"
 TIMELINE_LIMIT = 500
@@ -62,9 +62,9 @@ class NamespaceFilter(admin.SimpleListFilter):
     parameter_name = "namespace"
 
     def lookups(self, request, model_admin):
-        choices = [("default", "default")]
+        choices = [("default", "default")] if sees_everything(request) else []
         choices += [(workspace.namespace, f"{workspace.name} ({workspace.namespace})")
-                    for workspace in Workspace.objects.order_by("name")[:200]]
+                    for workspace in workspaces_for(request).order_by("name")[:200]]
         return choices
 
     def queryset(self, request, queryset):
@@ -87,7 +87,8 @@ class SignalForm(forms.Form):
 
 
 @admin.register(DurableRun)
-class DurableRunAdmin(ReadOnlyAdmin):
+class DurableRunAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+    namespace_field = "namespace"
     list_display = ("id", "workflow", "namespace", "status", "created_at", "ended_at", "turns", "recovery_attempts")
     list_filter = ("status", WorkflowFilter, NamespaceFilter)
     search_fields = ("id",)
@@ -108,7 +109,7 @@ class DurableRunAdmin(ReadOnlyAdmin):
 
     def get_object(self, request, object_id, from_field=None):
         # the change page shows the payloads: read them with the row, not one query each
-        return DurableRun.objects.filter(pk=object_id).first()
+        return self.scope(request, DurableRun.objects.filter(pk=object_id)).first()
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
@@ -151,6 +152,8 @@ class DurableRunAdmin(ReadOnlyAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         extra_context = dict(extra_context or {})
         run_id = unquote(object_id)
+        if self.get_object(request, run_id) is None:  # missing, or of another workspace: the admin's redirect
+            return super().change_view(request, object_id, form_url, extra_context=extra_context)
         try:
             entries = selectors.run_timeline(run_id, include_payloads=True, limit=TIMELINE_LIMIT + 1)
         except services.RunNotFound:
@@ -160,7 +163,7 @@ class DurableRunAdmin(ReadOnlyAdmin):
                 pretty_json(entry.output) if entry.output is not None else "")
             entry.error_text = UNDECODABLE if "error" in entry.undecodable else (
                 pretty_json(entry.error) if entry.error is not None else "")
-        children = list(DurableRun.objects.filter(parent_id=run_id).order_by("created_at", "id")
+        children = list(self.scope(request, DurableRun.objects.filter(parent_id=run_id)).order_by("created_at", "id")
                         .values_list("id", "workflow", "status")[:200])
         attributes = [(key, selectors.attribute_value(value, number)) for key, value, number in
                       RunAttribute.objects.filter(run_id=run_id).order_by("key").values_list("key", "value",
@@ -257,7 +260,8 @@ class ScheduleForm(forms.ModelForm):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
+    namespace_field = "namespace"
     form = ScheduleForm
     list_display = ("key", "workflow", "namespace", "every_seconds", "cron", "timezone", "paused", "next_fire_at",
                     "last_fired_at", "last_run_id")
@@ -265,6 +269,14 @@ class ScheduleAdmin(admin.ModelAdmin):
     search_fields = ("key", "workflow")
     readonly_fields = ("next_fire_at", "last_fired_at", "last_run_id", "created_at", "updated_at")
     actions = ("pause_schedules", "resume_schedules")
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        if db_field.name == "namespace" and not sees_everything(request):
+            # staff who are not superusers schedule only into their own workspaces' namespaces
+            return forms.ChoiceField(label="namespace", choices=[
+                (workspace.namespace, f"{workspace.name} ({workspace.namespace})")
+                for workspace in workspaces_for(request).order_by("name")])
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def get_readonly_fields(self, request, obj=None):
         # schedule_save updates by (namespace, key): changing either would create a second schedule
@@ -301,7 +313,8 @@ def _schedule_save(schedule: Schedule) -> Schedule:
 
 
 @admin.register(BufferedSignal)
-class BufferedSignalAdmin(ReadOnlyAdmin):
+class BufferedSignalAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+    namespace_field = "run__namespace"
     list_display = ("id", "run_id", "name", "created_at")
     search_fields = ("=run__id", "=name")
     fields = ("run_id", "name", "payload_pretty", "created_at")
@@ -315,7 +328,8 @@ class BufferedSignalAdmin(ReadOnlyAdmin):
 
 
 @admin.register(BufferedEvent)
-class BufferedEventAdmin(ReadOnlyAdmin):
+class BufferedEventAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+    namespace_field = "namespace"
     list_display = ("id", "namespace", "name", "created_at", "expires_at")
     list_filter = ("namespace",)
     search_fields = ("=name",)

@@ -11,6 +11,7 @@ from config.admin import EstimatedCountPaginator, ReadOnlyAdmin
 from knowledge import services
 from knowledge.models import SEARCH_CONFIG, KnowledgeChunk, KnowledgeSource, Skill
 from knowledge.skills import render_skill
+from workspaces.admin_scope import WorkspaceScopedAdmin
 
 # -------------------------------------------------------------------------------------------- sources
 
@@ -34,7 +35,7 @@ class KnowledgeSourceAddForm(forms.ModelForm):
 
 
 @admin.register(KnowledgeSource)
-class KnowledgeSourceAdmin(admin.ModelAdmin):
+class KnowledgeSourceAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     list_display = ["title", "workspace", "kind", "ingest_status", "chunk_count", "embedding_model", "indexed_at",
                     "created_at"]
     list_filter = ["ingest_status", "kind", "embedding_model", ("workspace", admin.RelatedOnlyFieldListFilter)]
@@ -163,7 +164,7 @@ class KnowledgeSourceAdmin(admin.ModelAdmin):
 
 
 @admin.register(KnowledgeChunk)
-class KnowledgeChunkAdmin(ReadOnlyAdmin):
+class KnowledgeChunkAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     """Chunks are written by ingestion only: read-only here."""
 
     list_display = ["__str__", "source", "ordinal", "token_count", "preview"]
@@ -210,7 +211,7 @@ class SkillAddForm(forms.ModelForm):
 
 
 @admin.register(Skill)
-class SkillAdmin(admin.ModelAdmin):
+class SkillAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     list_display = ["name", "version", "version_label", "active", "agent", "workspace", "origin", "created_at"]
     list_filter = ["active", "origin", "agent", ("workspace", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["workspace"]

@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from .admin_scope import WorkspaceScopedAdmin
 from .models import Membership, Workspace
 
 
@@ -10,7 +11,9 @@ class MembershipInline(admin.TabularInline):
 
 
 @admin.register(Workspace)
-class WorkspaceAdmin(admin.ModelAdmin):
+class WorkspaceAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
+    workspace_field = ""
+
     list_display = ["name", "slug", "member_count", "created_at"]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
@@ -28,7 +31,7 @@ class WorkspaceAdmin(admin.ModelAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     list_display = ["user", "workspace", "role", "created_at"]
     list_filter = ["role"]
     list_select_related = ["user", "workspace"]
