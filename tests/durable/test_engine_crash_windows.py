@@ -372,3 +372,31 @@ def test_a_heartbeat_that_cannot_be_written_does_not_fail_the_step(heartbeat_wri
     assert run.status == "completed", run.error
     step = StepCheckpoint.objects.get(run_id=run.id, seq=0)
     assert step.attempt == 1 and step.status == "completed"
+
+
+@pytest.mark.django_db
+def test_children_left_active_by_a_parent_declared_dead_are_cancelled():
+    run = run_until_settled(run_start(workflow="tests.parent_of_waiting", input={}).id)
+    child = DurableRun.objects.get(parent_id=run.id)
+    assert child.status == "suspended"
+    # the parent's worker stalls past its lease once too often: the recovery pass declares it dead
+    cursor = store.raw_cursor()
+    assert store.run_claim(cursor, run.id, "stalled-turn", 30.0) is not None
+    DurableRun.objects.filter(pk=run.id).update(locked_until=timezone.now() - timedelta(seconds=1),
+                                                recovery_attempts=99)
+    assert tick.recover_expired_leases() == 1
+    assert _status(run.id) == "dead"
+    assert _status(child.id) == "cancelled"
+
+
+@pytest.mark.django_db
+def test_the_orphan_sweep_cancels_active_children_of_ended_parents():
+    from durable import retention
+
+    run = run_until_settled(run_start(workflow="tests.parent_of_waiting", input={}).id)
+    child = DurableRun.objects.get(parent_id=run.id)
+    # a crash right after the parent ended, before its children were cancelled
+    DurableRun.objects.filter(pk=run.id).update(status="failed", locked_by="", locked_until=None)
+    assert retention.retention_pass()["orphans_cancelled"] == 1
+    assert _status(child.id) == "cancelled"
+    assert retention.retention_pass()["orphans_cancelled"] == 0
