@@ -16,6 +16,7 @@ class WorkspaceAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
 
     list_display = ["name", "slug", "member_count", "created_at"]
     search_fields = ["name", "slug"]
+    ordering = ["name", "pk"]  # the member count's GROUP BY drops Meta.ordering: pages (autocomplete) stay stable
     prepopulated_fields = {"slug": ["name"]}
     readonly_fields = ["created_at", "updated_at"]
     inlines = [MembershipInline]
