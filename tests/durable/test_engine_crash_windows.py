@@ -3,12 +3,11 @@ running the same code, an operator acting while a turn is in flight. Each test n
 interleaving it pins down."""
 
 import contextlib
-import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.utils import timezone
 
 from durable import engine, store, tick
@@ -17,23 +16,7 @@ from durable.errors import TurnInterrupted
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun, SignalWaiter, StepCheckpoint
 from durable.services import run_cancel, run_retry, run_start, signal_send
-
-
-def _in_thread(target, *args):
-    """Run `target` in a thread with its own database connection; returns (thread, result holder)."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = target(*args)
-        except BaseException as exc:
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, outcome
+from tests.durable.concurrency import in_thread, statement_fails_once, wait_until
 
 
 def _status(run_id):
@@ -49,7 +32,7 @@ def test_queued_steps_waiting_in_a_chunk_do_not_time_out_and_finished_ones_settl
     run = run_start(workflow="tests.slow_chunk", input={"path": str(evidence), "n": 3, "seconds": 0.5,
                                                         "timeout": 1.0})
     engine.execute_turn(run.id)
-    worker, outcome = _in_thread(engine.execute_steps, run.id, [0, 1, 2])
+    worker, outcome = in_thread(engine.execute_steps, run.id, [0, 1, 2])
     timed_out, settled_early = 0, False
     while worker.is_alive():
         timed_out += tick.time_out_silent_steps()  # the tick keeps running while the chunk works
@@ -178,13 +161,13 @@ def test_a_slow_worker_of_a_retried_run_cannot_settle_into_the_new_attempt(tmp_p
     old_flag, new_flag = tmp_path / "old", tmp_path / "new"
     run = run_start(workflow="tests.gated_queued", input={"a": 1, "flag": str(old_flag)})
     engine.execute_turn(run.id)
-    slow, slow_outcome = _in_thread(engine.execute_steps, run.id, [0])
-    _wait(lambda: StepCheckpoint.objects.filter(run_id=run.id, status="running").exists())
+    slow, slow_outcome = in_thread(engine.execute_steps, run.id, [0])
+    wait_until(lambda: StepCheckpoint.objects.filter(run_id=run.id, status="running").exists())
     assert run_cancel(run_id=run.id)
     assert run_retry(run_id=run.id, input={"a": 100, "flag": str(new_flag)}, new_input=True)
     engine.execute_turn(run.id)
-    fresh, fresh_outcome = _in_thread(engine.execute_steps, run.id, [0])
-    _wait(lambda: StepCheckpoint.objects.filter(run_id=run.id, status="running").exists())
+    fresh, fresh_outcome = in_thread(engine.execute_steps, run.id, [0])
+    wait_until(lambda: StepCheckpoint.objects.filter(run_id=run.id, status="running").exists())
     old_flag.touch()  # the slow worker of the first attempt finishes first...
     slow.join(20)
     new_flag.touch()
@@ -199,8 +182,8 @@ def test_a_slow_worker_of_a_retried_run_cannot_settle_into_the_new_attempt(tmp_p
 def test_a_stale_turn_of_a_retried_run_cannot_checkpoint_into_the_new_history(tmp_path):
     old_flag, new_flag = tmp_path / "old", tmp_path / "new"
     run = run_start(workflow="tests.gated_inline", input={"a": 1, "flag": str(old_flag)})
-    stale, outcome = _in_thread(engine.execute_turn, run.id)
-    _wait(lambda: _status(run.id) == "running")
+    stale, outcome = in_thread(engine.execute_turn, run.id)
+    wait_until(lambda: _status(run.id) == "running")
     # the stalled turn loses its lease; an operator cancels and retries with new input
     assert run_cancel(run_id=run.id)
     assert run_retry(run_id=run.id, input={"a": 100, "flag": str(new_flag)}, new_input=True)
@@ -211,15 +194,6 @@ def test_a_stale_turn_of_a_retried_run_cannot_checkpoint_into_the_new_history(tm
     run = run_until_settled(run.id)
     assert run.status == "completed", run.error
     assert decode(run.output) == 100
-
-
-def _wait(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition never held")
 
 
 # ------------------------------------------------------------------ 7. queued steps of ended runs
@@ -252,23 +226,9 @@ def test_queued_steps_left_open_by_a_failed_run_are_cancelled():
 @pytest.fixture
 def explode_once():
     """A checkpoint named "explode" fails to insert once, as a dropped connection or a failover would."""
-    with connection.cursor() as cursor:
-        cursor.execute("""
-            CREATE SEQUENCE test_explode_once;
-            CREATE FUNCTION test_explode() RETURNS trigger AS $$
-            BEGIN
-                IF NEW.name = 'explode' AND nextval('test_explode_once') = 1 THEN
-                    RAISE EXCEPTION 'simulated failover' USING ERRCODE = '57P01';
-                END IF;
-                RETURN NEW;
-            END $$ LANGUAGE plpgsql;
-            CREATE TRIGGER test_explode BEFORE INSERT ON durable_stepcheckpoint
-                FOR EACH ROW EXECUTE FUNCTION test_explode();
-        """)
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute("DROP TRIGGER test_explode ON durable_stepcheckpoint; DROP FUNCTION test_explode(); "
-                       "DROP SEQUENCE test_explode_once;")
+    with statement_fails_once("test_explode", on="INSERT", when="NEW.name = 'explode'", errcode="57P01",
+                              message="simulated failover"):
+        yield
 
 
 @pytest.mark.django_db(transaction=True)
@@ -347,23 +307,9 @@ def test_continue_as_new_keeps_one_history_and_gives_children_new_ids():
 @pytest.fixture
 def heartbeat_write_fails_once():
     """The first heartbeat write fails, as under a lock timeout or a failover."""
-    with connection.cursor() as cursor:
-        cursor.execute("""
-            CREATE SEQUENCE test_heartbeat_once;
-            CREATE FUNCTION test_heartbeat_fails() RETURNS trigger AS $$
-            BEGIN
-                IF NEW.heartbeat_progress <> OLD.heartbeat_progress AND nextval('test_heartbeat_once') = 1 THEN
-                    RAISE EXCEPTION 'simulated lock timeout' USING ERRCODE = '55P03';
-                END IF;
-                RETURN NEW;
-            END $$ LANGUAGE plpgsql;
-            CREATE TRIGGER test_heartbeat_fails BEFORE UPDATE ON durable_stepcheckpoint
-                FOR EACH ROW EXECUTE FUNCTION test_heartbeat_fails();
-        """)
-    yield
-    with connection.cursor() as cursor:
-        cursor.execute("DROP TRIGGER test_heartbeat_fails ON durable_stepcheckpoint; "
-                       "DROP FUNCTION test_heartbeat_fails(); DROP SEQUENCE test_heartbeat_once;")
+    with statement_fails_once("test_heartbeat", on="UPDATE", when="NEW.heartbeat_progress <> OLD.heartbeat_progress",
+                              errcode="55P03", message="simulated lock timeout"):
+        yield
 
 
 @pytest.mark.django_db(transaction=True)

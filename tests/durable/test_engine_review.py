@@ -1,12 +1,11 @@
-"""Adversarial review of the engine change: each test pins an interleaving or input the change
-gets wrong (see the review report for the fix each one calls for)."""
+"""Regression tests from an adversarial review of the engine: each pins an interleaving or an input
+that an earlier version got wrong (the docstrings say what went wrong then)."""
 
 import threading
-import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.utils import timezone
 
 import tests.durable.review_workflows  # noqa: F401 - registers the review.* workflows
@@ -16,28 +15,7 @@ from durable.errors import TurnInterrupted
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun
 from durable.services import run_cancel, run_retry, run_start
-
-
-def _in_thread(target, *args, wrapper=None):
-    """Run `target` in a thread with its own connection (optionally wrapped); returns (thread, outcome)."""
-    outcome = {}
-
-    def run():
-        try:
-            if wrapper is None:
-                outcome["value"] = target(*args)
-            else:
-                with connection.execute_wrapper(wrapper):
-                    outcome["value"] = target(*args)
-        except BaseException as exc:
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, outcome
-
+from tests.durable.concurrency import in_thread, time_out_silent_steps_while
 
 # ------------------------------------------------------------------ plain retries over fans
 
@@ -115,7 +93,7 @@ def test_continue_as_new_never_cancels_the_new_historys_children():
     def new_history_starts_first(execute, sql, params, many, context):
         if not state["done"] and "WITH RECURSIVE tree" in sql:
             state["done"] = True  # the old turn's close policy is about to look for children
-            worker, outcome = _in_thread(engine.execute_turn, run.id)
+            worker, outcome = in_thread(engine.execute_turn, run.id)
             worker.join(20)
             state["new_turn"] = outcome
         return execute(sql, params, many, context)
@@ -146,7 +124,7 @@ def test_a_cancel_racing_a_step_settle_does_not_deadlock():
             cancel_locked_run.wait(3)
         return execute(sql, params, many, context)
 
-    worker, outcome = _in_thread(engine.execute_steps, run.id, [0, 1], wrapper=pause_before_the_wake)
+    worker, outcome = in_thread(engine.execute_steps, run.id, [0, 1], wrapper=pause_before_the_wake)
     assert settle_waiting.wait(10)
 
     def mark_run_locked(execute, sql, params, many, context):
@@ -179,12 +157,8 @@ def test_a_healthy_step_started_late_in_its_chunk_is_not_timed_out(tmp_path):
     run = run_start(workflow="review.fan_two_slow", input={"path": str(evidence), "first": 0.7, "second": 2.6,
                                                           "timeout": 3.0})
     engine.execute_turn(run.id)
-    worker, outcome = _in_thread(engine.execute_steps, run.id, [0, 1])
-    timed_out = 0
-    while worker.is_alive():
-        timed_out += tick.time_out_silent_steps()
-        time.sleep(0.05)
-    worker.join()
+    worker, outcome = in_thread(engine.execute_steps, run.id, [0, 1])
+    timed_out = time_out_silent_steps_while(worker)
     assert "error" not in outcome, outcome
     assert timed_out == 0, "a step was timed out while it ran, within its timeout, on a live worker"
     assert run_until_settled(run.id).status == "completed"
@@ -201,12 +175,8 @@ def test_a_finished_result_is_not_lost_while_the_next_step_of_the_chunk_heartbea
     run = run_start(workflow="review.fast_then_beating", input={"path": str(evidence), "seconds": 4.0,
                                                                "timeout": 2.0})
     engine.execute_turn(run.id)
-    worker, outcome = _in_thread(engine.execute_steps, run.id, [0, 1])
-    timed_out = 0
-    while worker.is_alive():
-        timed_out += tick.time_out_silent_steps()
-        time.sleep(0.05)
-    worker.join()
+    worker, outcome = in_thread(engine.execute_steps, run.id, [0, 1])
+    timed_out = time_out_silent_steps_while(worker)
     assert "error" not in outcome, outcome
     assert run_until_settled(run.id).status == "completed"
     assert (timed_out, evidence.read_text().split().count("start:fast")) == (0, 1)
