@@ -114,10 +114,10 @@ def step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout) -
 
 def checkpoint_row(run_id, seq, name, kind, *, input="", queue="", options=None, attempt=0, child_run_id="",
                    group=None, wake_at=None, status="pending", output="", error="", started_at=None,
-                   completed_at=None, created=None):
+                   completed_at=None, created=None, fence=0):
     """A row for ``store.checkpoints_insert`` (columns of ``store.INSERT_PENDING_COLUMNS``)."""
     return (run_id, seq, name, kind, status, input, output, error, queue, json.dumps(options or {}), attempt,
-            child_run_id, "", group, wake_at, created or now(), started_at, completed_at)
+            child_run_id, "", group, wake_at, created or now(), started_at, completed_at, fence)
 
 
 def _user_error(exc: BaseException) -> BaseException:
@@ -171,16 +171,16 @@ def _sqlstate(exc: BaseException) -> str:
 
 
 class _Checkpoint:
-    __slots__ = ("attempt", "child_run_id", "error", "group", "kind", "name", "output", "queue", "seq", "status",
-                 "wake_at")
+    __slots__ = ("attempt", "child_run_id", "error", "fence", "group", "kind", "name", "output", "queue", "seq",
+                 "status", "wake_at")
 
     def __init__(self, row):
         (self.seq, self.name, self.kind, self.status, self.output, self.error, self.group, self.attempt,
-         self.wake_at, self.queue, self.child_run_id) = row
+         self.wake_at, self.queue, self.child_run_id, self.fence) = row
 
 
 REPLAY_SQL = f"""
-SELECT seq, name, kind, status, output, error, parallel_group, attempt, wake_at, queue, child_run_id
+SELECT seq, name, kind, status, output, error, parallel_group, attempt, wake_at, queue, child_run_id, fence
 FROM {store.CP_TABLE} WHERE run_id = %s ORDER BY seq
 """
 
@@ -190,7 +190,7 @@ class Context:
 
     def __init__(self, *, run_id: str, workflow: str, namespace: str, priority: int,
                  checkpoints: dict[int, _Checkpoint], tags: list[str], token: str = "", epoch: int = 0,
-                 cursor: psycopg.Cursor | None = None):
+                 fence: int = 0, cursor: psycopg.Cursor | None = None):
         self.run_id = run_id
         self.workflow = workflow
         self.namespace = namespace
@@ -198,6 +198,7 @@ class Context:
         self.tags = tags
         self.token = token
         self.epoch = epoch
+        self.fence = fence
         self._checkpoints = checkpoints
         self._seq = 0
         self._cursor = cursor
@@ -247,12 +248,13 @@ class Context:
 
     def _record(self, seq: int, name: str, kind: str, value, *, started: datetime | None = None,
                 attempt: int = 1) -> None:
-        if not store.checkpoint_record(self.cursor, run_id=self.run_id, token=self.token, seq=seq, name=name,
-                                       kind=kind, output_text=encode(value), attempt=attempt,
+        if not store.checkpoint_record(self.cursor, run_id=self.run_id, token=self.token, fence=self.fence, seq=seq,
+                                       name=name, kind=kind, output_text=encode(value), attempt=attempt,
                                        started=started or now()):
             raise self._refused(seq)
 
     def _insert(self, rows: list[tuple]) -> None:
+        rows = [(*row[:-1], self.fence) for row in rows]  # stamped with this history's fence
         if store.checkpoints_insert(self.cursor, rows, token=self.token) != len(rows):
             raise self._refused(rows[0][1])
         self._wrote_open = self._wrote_open or any(row[4] == StepStatus.PENDING or row[3] == "child" for row in rows)

@@ -41,6 +41,9 @@ class DurableRun(models.Model):
     # the run's history number: moved on by continue-as-new and by a retry with new input, which start a new
     # history under the same id (its children get new ids, so a child of an old history never reports into it)
     epoch = models.IntegerField(default=0, db_default=0)
+    # moved on by every retry and continue-as-new: a checkpoint written under an older fence (by a turn still
+    # running when its history was abandoned) is ignored and dropped by the next replay
+    fence = models.IntegerField(default=0, db_default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -101,6 +104,8 @@ class StepCheckpoint(models.Model):
     options = models.JSONField(default=dict, blank=True)
     attempt = models.IntegerField(default=0)
     child_run_id = models.CharField(max_length=255, blank=True, default="")
+    # the run's fence when the checkpoint was written (see DurableRun.fence)
+    fence = models.IntegerField(default=0, db_default=0)
     # sleeps and signal timeouts: when the waiting ends; queued steps: when a retry is due
     wake_at = models.DateTimeField(null=True, blank=True)
     # running queued steps: the end of the allowed silence, re-armed by each persisted heartbeat

@@ -157,7 +157,7 @@ SET status = 'running', locked_by = %s, locked_until = statement_timestamp() + m
     wake_pending = false, wake_at = NULL, turns = turns + 1, started_at = COALESCE(started_at, statement_timestamp()),
     updated_at = statement_timestamp()
 WHERE id = %s AND status IN {ACTIVE} AND (locked_until IS NULL OR locked_until < statement_timestamp())
-RETURNING workflow, input, namespace, priority, tags, turns, parent_id, epoch
+RETURNING workflow, input, namespace, priority, tags, turns, parent_id, epoch, fence
 """
 
 
@@ -301,7 +301,8 @@ def run_continue_as_new(run_id: str, token: str, input_text: str) -> bool:
     with transaction.atomic(), connection.cursor() as cursor:
         descendants = _lock_descendants(run_id)
         cursor.execute(
-            f"""UPDATE {RUN_TABLE} SET status = 'pending', input = %s, epoch = epoch + 1, turns = 0, locked_by = '',
+            f"""UPDATE {RUN_TABLE} SET status = 'pending', input = %s, epoch = epoch + 1, fence = fence + 1, turns = 0,
+                    locked_by = '',
                     locked_until = NULL, wake_pending = true, wake_at = NULL, recovery_attempts = 0,
                     dispatched_at = statement_timestamp(), updated_at = statement_timestamp()
                 WHERE id = %s AND locked_by = %s AND status = 'running' RETURNING priority""",
@@ -336,27 +337,51 @@ def runs_renew_leases(leases: dict[str, str], lease_seconds: float) -> set[str]:
 
 INSERT_DONE_SQL = f"""
 INSERT INTO {CP_TABLE} (run_id, seq, name, kind, status, input, output, error, queue, options, attempt,
-                        child_run_id, heartbeat_progress, created_at, started_at, completed_at)
-SELECT r.id, %s::int, %s, %s, 'completed', '', %s, '', '', '{{}}'::jsonb, %s::int, '', '', statement_timestamp(),
-       %s::timestamptz, statement_timestamp()
-FROM {RUN_TABLE} r WHERE r.id = %s AND r.locked_by = %s FOR SHARE
+                        child_run_id, heartbeat_progress, fence, created_at, started_at, completed_at)
+VALUES (%s, %s, %s, %s, 'completed', '', %s, '', '', '{{}}', %s, '', '', %s, statement_timestamp(), %s,
+        statement_timestamp())
 ON CONFLICT (run_id, seq) DO NOTHING
 """
 
 
-def checkpoint_record(cursor: psycopg.Cursor, *, run_id: str, token: str, seq: int, name: str, kind: str,
-                      output_text: str, attempt: int, started: datetime) -> bool:
-    """The hot path: a completed checkpoint in one prepared statement, fenced by the lease.
-    False when it was refused (lease lost, or the sequence number is taken)."""
-    cursor.execute(INSERT_DONE_SQL, (seq, name, kind, output_text, attempt, started, run_id, token), prepare=True)
-    return cursor.rowcount == 1
+def checkpoint_record(cursor: psycopg.Cursor, *, run_id: str, token: str, fence: int, seq: int, name: str,
+                      kind: str, output_text: str, attempt: int, started: datetime) -> bool:
+    """The hot path: a completed checkpoint in one prepared statement, stamped with the run's history fence.
+
+    It does not read the run row (that costs about a fifth of a step): a turn that lost its lease can
+    still record a step of the history it was running, which is harmless (the same replay would record
+    it; the unique (run, seq) keeps one). Once a retry or continue-as-new moved the fence on, such a
+    late write carries the old fence and the next replay drops it. Every other write of a turn (waits,
+    queued steps, children) is fenced by the lease. False when the sequence number is taken by a
+    checkpoint of the current history."""
+    params = (run_id, seq, name, kind, output_text, attempt, fence, started)
+    cursor.execute(INSERT_DONE_SQL, params, prepare=True)
+    if cursor.rowcount == 1:
+        return True
+    if checkpoints_drop_stale(run_id=run_id, token=token, fence=fence, seq=seq):
+        cursor.execute(INSERT_DONE_SQL, params, prepare=True)
+        return cursor.rowcount == 1
+    return False
+
+
+def checkpoints_drop_stale(*, run_id: str, token: str, fence: int, seq: int | None = None) -> int:
+    """Delete checkpoints of an abandoned history (written under an older fence), while this turn holds
+    the lease. Returns rows deleted."""
+    sql = f"DELETE FROM {CP_TABLE} WHERE run_id = %s AND fence <> %s AND {LEASE_FENCE}"
+    params: list = [run_id, fence, run_id, token]
+    if seq is not None:
+        sql += " AND seq = %s"
+        params.append(seq)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
 
 
 INSERT_PENDING_COLUMNS = ("run_id", "seq", "name", "kind", "status", "input", "output", "error", "queue", "options",
                           "attempt", "child_run_id", "heartbeat_progress", "parallel_group", "wake_at",
-                          "created_at", "started_at", "completed_at")
+                          "created_at", "started_at", "completed_at", "fence")
 _PENDING_TYPES = ("text", "int", "text", "text", "text", "text", "text", "text", "text", "jsonb", "int", "text",
-                  "text", "int", "timestamptz", "timestamptz", "timestamptz", "timestamptz")
+                  "text", "int", "timestamptz", "timestamptz", "timestamptz", "timestamptz", "int")
 _PENDING_ROW = "(" + ", ".join(f"%s::{kind}" for kind in _PENDING_TYPES) + ")"
 
 
@@ -762,8 +787,8 @@ def runs_cancel_tree(run_id: str, *, error_text: str, descendant_error_text: str
 
 
 RETRY_FIELDS = ("status = 'pending', output = '', error = '', ended_at = NULL, recovery_attempts = 0, "
-                "wake_pending = true, dispatched_at = statement_timestamp(), wake_at = NULL, locked_by = '', "
-                "locked_until = NULL, updated_at = statement_timestamp()")
+                "fence = fence + 1, wake_pending = true, dispatched_at = statement_timestamp(), wake_at = NULL, "
+                "locked_by = '', locked_until = NULL, updated_at = statement_timestamp()")
 
 
 def run_retry(run_id: str, *, input_text: str | None = None) -> int | None:
@@ -818,6 +843,11 @@ def run_retry(run_id: str, *, input_text: str | None = None) -> int | None:
                            OR cp.parallel_group IS DISTINCT FROM fan.grp)""",
                 [[rid for rid, _ in retried]],
             )
+            # what is kept belongs to the new history: stamp it with the new fence (a late write of a turn
+            # of the old history, committed after this, keeps the old one and is dropped by the next replay)
+            cursor.execute(f"UPDATE {CP_TABLE} AS cp SET fence = r.fence FROM {RUN_TABLE} r "
+                           "WHERE r.id = ANY(%s) AND cp.run_id = r.id AND cp.fence <> r.fence",
+                           [[rid for rid, _ in retried]])
         cursor.execute(f"DELETE FROM {WAITER_TABLE} WHERE run_id = ANY(%s)", [[rid for rid, _ in retried]])
         for rid, priority in retried:
             dispatch_turn(rid, priority)

@@ -65,11 +65,11 @@ def execute_turn(run_id: str) -> TurnResult:
     claimed = store.run_claim(cursor, run_id, token, settings.lease_seconds)
     if claimed is None:
         return TurnResult(run_id, TurnOutcome.NOT_CLAIMED)
-    workflow_name, input_text, namespace, priority, tags, turns, parent_id, epoch = claimed
+    workflow_name, input_text, namespace, priority, tags, turns, parent_id, epoch, fence = claimed
     lease_keeper.hold(run_id, token)
     try:
         return _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority, tags, turns,
-                     bool(parent_id), epoch)
+                     bool(parent_id), epoch, fence)
     except (DatabaseError, psycopg.Error, EngineWriteFailed) as exc:
         cause = exc.cause if isinstance(exc, EngineWriteFailed) else exc
         return _interrupted(run_id, token, cause)
@@ -78,17 +78,21 @@ def execute_turn(run_id: str) -> TurnResult:
 
 
 def _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority, tags, turns, has_parent,
-          epoch) -> TurnResult:
+          epoch, fence) -> TurnResult:
     checkpoints = {}
     if turns > 1:  # the first claim of a history: nothing can have been checkpointed yet
         cursor.execute(REPLAY_SQL, (run_id,), prepare=True)
-        checkpoints = {row[0]: _Checkpoint(row) for row in cursor.fetchall()}
+        rows = cursor.fetchall()
+        checkpoints = {row[0]: _Checkpoint(row) for row in rows if row[-1] == fence}
+        if len(checkpoints) != len(rows):  # late writes of an abandoned history
+            store.checkpoints_drop_stale(run_id=run_id, token=token, fence=fence)
     try:
         definition = get_workflow(workflow_name)
     except UnknownWorkflow as exc:
         return _finish(run_id, token, RunStatus.FAILED, error=error_payload(exc), has_parent=has_parent)
     ctx = Context(run_id=run_id, workflow=workflow_name, namespace=namespace, priority=priority,
-                  checkpoints=checkpoints, tags=list(tags or []), token=token, epoch=epoch, cursor=cursor)
+                  checkpoints=checkpoints, tags=list(tags or []), token=token, epoch=epoch, fence=fence,
+                  cursor=cursor)
     workflow_input = decode(input_text, column="run.input", row=run_id)
     output = raised = None
     try:

@@ -256,16 +256,37 @@ def test_a_turn_that_makes_progress_resets_the_recovery_count():
 
 
 @pytest.mark.django_db
-def test_a_turn_whose_lease_was_taken_writes_nothing():
-    run = run_start(workflow="tests.sequence", input={"steps": 2})
+def test_a_turn_whose_lease_was_taken_can_neither_wait_nor_start_children():
+    run = run_start(workflow="tests.parent", input={})
     cursor = store.raw_cursor()
     assert store.run_claim(cursor, run.id, "stale-turn", 30.0) is not None
     DurableRun.objects.filter(pk=run.id).update(locked_by="new-turn")  # recovered and re-claimed elsewhere
-    ctx = engine.Context(run_id=run.id, workflow="tests.sequence", namespace="default", priority=0, checkpoints={},
+    ctx = engine.Context(run_id=run.id, workflow="tests.parent", namespace="default", priority=0, checkpoints={},
                          tags=[], token="stale-turn")
     with pytest.raises(engine.LeaseLost):
-        ctx.step("add-0", lambda: 1)
+        ctx.child("tests.child", {"x": 1})
+    with pytest.raises(engine.LeaseLost):
+        engine.Context(run_id=run.id, workflow="tests.parent", namespace="default", priority=0, checkpoints={},
+                       tags=[], token="stale-turn").sleep(60)
     assert not StepCheckpoint.objects.filter(run_id=run.id).exists()
+    assert not DurableRun.objects.filter(parent_id=run.id).exists()
+
+
+@pytest.mark.django_db
+def test_a_late_step_of_an_abandoned_history_is_dropped_by_the_next_replay():
+    run = run_until_settled(run_start(workflow="tests.child_then_check", input={"x": 1, "fail": True}).id)
+    assert run.status == "failed"
+    stale_fence = DurableRun.objects.get(pk=run.id).fence
+    assert run_retry(run_id=run.id)
+    # a turn of the abandoned history, still running, records its next step after the retry
+    ctx = engine.Context(run_id=run.id, workflow="tests.child_then_check", namespace="default", priority=0,
+                         checkpoints={}, tags=[], token="stale-turn", fence=stale_fence)
+    ctx._seq = 5
+    ctx.step("late", lambda: "stale")
+    assert StepCheckpoint.objects.filter(run_id=run.id, name="late").exists()
+    run = run_until_settled(run.id)
+    assert run.status == "failed"  # the check still fails; the late step was never replayed into it
+    assert not StepCheckpoint.objects.filter(run_id=run.id, name="late").exists()
 
 
 # ------------------------------------------------------------------ misuse, waits, continue-as-new
