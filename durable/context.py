@@ -247,10 +247,12 @@ class Context:
         return LeaseLost(f"checkpoint {self.run_id}#{seq} was refused: the turn no longer holds the run's lease")
 
     def _record(self, seq: int, name: str, kind: str, value, *, started: datetime | None = None,
-                attempt: int = 1) -> None:
+                attempt: int = 1, leased: bool = False) -> None:
+        """Write a completed checkpoint. `leased` for a record that commits with other effects (see
+        ``store.checkpoint_record``)."""
         if not store.checkpoint_record(self.cursor, run_id=self.run_id, token=self.token, fence=self.fence, seq=seq,
                                        name=name, kind=kind, output_text=encode(value), attempt=attempt,
-                                       started=started or now()):
+                                       started=started or now(), leased=leased):
             raise self._refused(seq)
 
     def _insert(self, rows: list[tuple]) -> None:
@@ -357,7 +359,7 @@ class Context:
             except BaseException as exc:
                 _user_error(exc)
                 raise
-            self._record(seq, name, "step", result, started=started)
+            self._record(seq, name, "step", result, started=started, leased=True)
         return result
 
     # -- recorded values
@@ -409,7 +411,7 @@ class Context:
             return
         with transaction.atomic():
             upsert_attributes(self.run_id, attributes)
-            self._record(seq, "set_attributes", "value", sorted(attributes))
+            self._record(seq, "set_attributes", "value", sorted(attributes), leased=True)
 
     def heartbeat(self, progress=None) -> None:
         from durable.steps import heartbeat
@@ -472,7 +474,7 @@ class Context:
                 buffered = cursor.fetchone()
             if buffered is not None:
                 payload = decode(buffered[0], column="signal.payload", row=self.run_id)
-                self._record(seq, name, "signal", {"payload": payload})
+                self._record(seq, name, "signal", {"payload": payload}, leased=True)
                 return payload
             self._wait(seq, name, "signal", name, {}, deadline)
         raise Suspend(deadline)
@@ -500,7 +502,7 @@ class Context:
                 buffered = cursor.fetchone()
             if buffered is not None:
                 payload = buffered[0] if not isinstance(buffered[0], str) else json.loads(buffered[0])
-                self._record(seq, name, "event", {"payload": payload})
+                self._record(seq, name, "event", {"payload": payload}, leased=True)
                 return payload
             self._wait(seq, name, "event", name, match, deadline)
         raise Suspend(deadline)
@@ -616,7 +618,7 @@ class Context:
             if failures:
                 index = min(failures)
                 seq, _ = self._next("fail_fast", "value")
-                self._record(seq, "fail_fast", "value", index)
+                self._record(seq, "fail_fast", "value", index, leased=True)
                 raise failures[index]
         if waiting:
             raise Suspend()

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Exists, Max, Min, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Sum
 
 from durable.codec import Undecodable, decode, decode_strict
 from durable.models import DurableRun, RunAttribute, StepCheckpoint
@@ -271,7 +271,7 @@ def run_timeline(run_id: str, *, include_payloads: bool = False, after_seq: int 
     `after_seq` / `limit` over the (run, seq) key. Raises RunNotFound."""
     _run_exists(run_id, namespaces)
     columns = TIMELINE_COLUMNS + (PAYLOAD_COLUMNS if include_payloads else ())
-    queryset = StepCheckpoint.objects.filter(run_id=run_id).order_by("seq")
+    queryset = StepCheckpoint.objects.filter(run_id=run_id, fence=F("run__fence")).order_by("seq")
     if after_seq is not None:
         queryset = queryset.filter(seq__gt=after_seq)
     if limit is not None:
@@ -298,7 +298,7 @@ def fan_stats(run_id: str, group: int | None = None, *, namespaces=None) -> list
     bucket with its count, seq and timestamp bounds and attempt sum. Sequential checkpoints form the
     bucket whose parallel_group is None. Raises RunNotFound."""
     _run_exists(run_id, namespaces)
-    queryset = StepCheckpoint.objects.filter(run_id=run_id)
+    queryset = StepCheckpoint.objects.filter(run_id=run_id, fence=F("run__fence"))
     if group is not None:
         queryset = queryset.filter(parallel_group=group)
     return list(

@@ -344,16 +344,32 @@ ON CONFLICT (run_id, seq) DO NOTHING
 """
 
 
+INSERT_DONE_LEASED_SQL = f"""
+INSERT INTO {CP_TABLE} (run_id, seq, name, kind, status, input, output, error, queue, options, attempt,
+                        child_run_id, heartbeat_progress, fence, created_at, started_at, completed_at)
+SELECT r.id, %s::int, %s, %s, 'completed', '', %s, '', '', '{{}}'::jsonb, %s::int, '', '', %s::int,
+       statement_timestamp(), %s::timestamptz, statement_timestamp()
+FROM {RUN_TABLE} r WHERE r.id = %s AND r.locked_by = %s FOR SHARE
+ON CONFLICT (run_id, seq) DO NOTHING
+"""
+
+
 def checkpoint_record(cursor: psycopg.Cursor, *, run_id: str, token: str, fence: int, seq: int, name: str,
-                      kind: str, output_text: str, attempt: int, started: datetime) -> bool:
+                      kind: str, output_text: str, attempt: int, started: datetime, leased: bool = False) -> bool:
     """The hot path: a completed checkpoint in one prepared statement, stamped with the run's history fence.
 
     It does not read the run row (that costs about a fifth of a step): a turn that lost its lease can
     still record a step of the history it was running, which is harmless (the same replay would record
     it; the unique (run, seq) keeps one). Once a retry or continue-as-new moved the fence on, such a
-    late write carries the old fence and the next replay drops it. Every other write of a turn (waits,
-    queued steps, children) is fenced by the lease. False when the sequence number is taken by a
-    checkpoint of the current history."""
+    late write carries the old fence and the next replay drops it. A record that commits together with
+    other effects (``ctx.transaction``'s writes, search attributes, a consumed signal or event, a
+    fail_fast choice) passes `leased`: it is fenced by the lease like every other write of a turn (waits,
+    queued steps, children), so those effects never commit for a turn that lost its run. False when the
+    sequence number is taken by a checkpoint of the current history (or, `leased`, the lease is gone)."""
+    if leased:
+        cursor.execute(INSERT_DONE_LEASED_SQL, (seq, name, kind, output_text, attempt, fence, started, run_id, token),
+                       prepare=True)
+        return cursor.rowcount == 1
     params = (run_id, seq, name, kind, output_text, attempt, fence, started)
     cursor.execute(INSERT_DONE_SQL, params, prepare=True)
     if cursor.rowcount == 1:
@@ -829,25 +845,28 @@ def run_retry(run_id: str, *, input_text: str | None = None) -> int | None:
             )
             retried += cursor.fetchall()
             # keep what a replay reaches unchanged: completed checkpoints before the first one that is not
-            # (and the completed items of that one's fan); what came after it was decided by its outcome
+            # (and the completed items of that one's fan); what came after it was decided by its outcome. What
+            # is kept belongs to the new history: stamped with the new fence in the same statement (one
+            # snapshot), so a late write of a turn of the old history committed after it keeps the old fence
+            # and is dropped by the next replay
             cursor.execute(
                 f"""WITH first_open AS (
                         SELECT run_id, min(seq) AS seq FROM {CP_TABLE}
                         WHERE run_id = ANY(%s) AND status <> 'completed' GROUP BY run_id),
                     fan AS (
                         SELECT f.run_id, f.seq, cp.parallel_group AS grp FROM first_open f
-                        JOIN {CP_TABLE} cp ON cp.run_id = f.run_id AND cp.seq = f.seq)
-                    DELETE FROM {CP_TABLE} AS cp USING fan
-                    WHERE cp.run_id = fan.run_id AND cp.seq >= fan.seq
-                      AND (cp.status <> 'completed' OR fan.grp IS NULL
-                           OR cp.parallel_group IS DISTINCT FROM fan.grp)""",
-                [[rid for rid, _ in retried]],
+                        JOIN {CP_TABLE} cp ON cp.run_id = f.run_id AND cp.seq = f.seq),
+                    pruned AS (
+                        DELETE FROM {CP_TABLE} AS cp USING fan
+                        WHERE cp.run_id = fan.run_id AND cp.seq >= fan.seq
+                          AND (cp.status <> 'completed' OR fan.grp IS NULL
+                               OR cp.parallel_group IS DISTINCT FROM fan.grp)
+                        RETURNING cp.id)
+                    UPDATE {CP_TABLE} AS cp SET fence = r.fence FROM {RUN_TABLE} r
+                    WHERE r.id = ANY(%s) AND cp.run_id = r.id AND cp.fence <> r.fence
+                      AND cp.id NOT IN (SELECT id FROM pruned)""",
+                [[rid for rid, _ in retried]] * 2,
             )
-            # what is kept belongs to the new history: stamp it with the new fence (a late write of a turn
-            # of the old history, committed after this, keeps the old one and is dropped by the next replay)
-            cursor.execute(f"UPDATE {CP_TABLE} AS cp SET fence = r.fence FROM {RUN_TABLE} r "
-                           "WHERE r.id = ANY(%s) AND cp.run_id = r.id AND cp.fence <> r.fence",
-                           [[rid for rid, _ in retried]])
         cursor.execute(f"DELETE FROM {WAITER_TABLE} WHERE run_id = ANY(%s)", [[rid for rid, _ in retried]])
         for rid, priority in retried:
             dispatch_turn(rid, priority)
