@@ -9,11 +9,15 @@ up.
 Fences. A turn's writes are fenced by its lease: each one holds a share lock on the run row
 while it checks ``locked_by`` is still this turn's token, so a cancel, a lease recovery or a
 retry (which all rewrite the run row) either waits for the write to commit or makes it
-refuse. A queued step's settle is fenced by the checkpoint row's id and attempt: a retry
-deletes and re-creates checkpoints (new ids) and every claim increments the attempt, so the
-pair never repeats and a slow worker's old result never lands in a new attempt. A child's
-report to its parent is fenced by the child's run id, which changes with every new history
-(epoch) of the parent.
+refuse. The one exception is the hot path, a completed inline step or recorded value with no
+other effect: it is stamped with the run's history fence instead (moved on by every retry and
+continue-as-new), so a late write of a turn that lost its run lands, at worst, in the history
+it was running (where the unique (run, seq) keeps one result) and is dropped by the next replay
+of any newer history. A queued step's settle is fenced by the checkpoint row's id and attempt: a
+retry deletes and re-creates checkpoints (new ids) and every claim increments the attempt, so the
+pair never repeats and a slow worker's old result never lands in a new attempt. A child's report
+to its parent is fenced by the child's run id, which changes with every new history (epoch) of
+the parent.
 
 Lock order. Advisory locks first (a signal's or an event's), then run rows (a child before its
 parent; a cancel locks descendants leaf first, then the root), then checkpoint rows. Every path
