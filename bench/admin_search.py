@@ -109,14 +109,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args()
 
-    common.say(f"creating database {BENCH_DB}")
-    common.create_database(BENCH_DB)
-    try:
+    with common.temporary_database(BENCH_DB):
         return _run(args)
-    finally:
-        common.close_django()
-        common.drop_database(BENCH_DB)
-        common.say("benchmark database dropped")
 
 
 def _run(args) -> int:

@@ -106,6 +106,20 @@ def close_django() -> None:
         connections.close_all()
 
 
+@contextlib.contextmanager
+def temporary_database(name: str):
+    """Create the benchmark's own database, and drop it (Django's connections closed first) however the
+    benchmark ends."""
+    say(f"creating database {name}")
+    create_database(name)
+    try:
+        yield
+    finally:
+        close_django()
+        drop_database(name)
+        say("benchmark database dropped")
+
+
 # -------------------------------------------------------------------------------------- machine info
 
 

@@ -194,3 +194,17 @@ def test_a_percent_sign_in_an_attribute_filter_is_quoted_back_not_a_500(owner_cl
     for url in ("/api/durable/runs/", "/api/durable/runs/facets/"):
         error = assert_error_shape(owner_client.get(url, {"attr": "3G%^x"}), status=400)
         assert "'3G%^x' is not key:op:value" in error["message"], error
+
+
+def test_a_form_with_too_many_fields_is_a_400_in_the_error_shape(owner_client, ids, settings):
+    body = "&".join(f"f{index}=1" for index in range(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1))
+    problems = []
+    for op in operations():
+        if op.has_body:
+            response = getattr(owner_client, op.method)(_url(op, ids), data=body,
+                                                        content_type="application/x-www-form-urlencoded")
+            problem = _problem(op, "too many fields", response)
+            if problem is None and response.status_code != 400:
+                problem = f"{op}: {response.status_code} {response.json()}"
+            problems.append(problem)
+    assert [p for p in problems if p] == []

@@ -77,7 +77,10 @@ def test_search_by_run_id_prefix_is_index_served(admin_client):
     # varchar_pattern_ops index on the id (the join around it is the planner's choice for the table's size,
     # measured at 1,000,000 runs by `python -m bench admin_search`)
     prefix = Run.objects.filter(pk__startswith="order-42").values("pk")
+    # enough other runs, with statistics, that a range is clearly the plan (a few rows could be read whole)
+    Run.objects.bulk_create(Run(id=f"filler-{index:05d}", workflow="tests.sequence") for index in range(3000))
     with connection.cursor() as cursor:
+        cursor.execute("ANALYZE durable_durablerun")
         cursor.execute("SET LOCAL enable_seqscan = off")
         sql, params = prefix.query.sql_with_params()
         cursor.execute(f"EXPLAIN {sql}", params)

@@ -5,16 +5,16 @@
 
 `fields` appears for validation errors and names every offending field; `message` is
 always a readable sentence. Database integrity errors that slip past validation become 409,
-data errors (a value the database refuses) and Django validation errors 400, and an oversized
-body 413, so a client never sees a 500 (or an HTML page) for bad input. ``api_not_found``
-answers unrouted URLs under /api/ in the same shape.
+data errors (a value the database refuses), Django validation errors and bodies Django refuses to
+parse (too many fields) 400, and an oversized body 413, so a client never sees a 500 (or an HTML
+page) for bad input. ``api_not_found`` answers unrouted URLs under /api/ in the same shape.
 """
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DataError, IntegrityError
 from django.http import Http404, JsonResponse
@@ -61,6 +61,9 @@ def exception_handler(exc, context):
             detail=f"The request body is larger than {limit_mb:.1f} MB; send large content as a file upload.",
             code="too_large")
         exc.status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    elif isinstance(exc, SuspiciousOperation):
+        # a body Django refuses to parse (too many fields or files): bad input, not a server error
+        exc = exceptions.ParseError(f"The request was refused: {exc}")
 
     response = drf_exception_handler(exc, context)
     if response is None:
