@@ -4,6 +4,9 @@ get a 5xx, every response must conform to the schema (status code, content type,
 must be the one error shape. Path ids are the caller's real objects half the time, so operations get past
 their 404 too. Bounded by MAX_EXAMPLES per operation so `make test` stays within minutes."""
 
+import os
+import zlib
+
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
@@ -12,7 +15,9 @@ from schemathesis import checks
 from tests.api.schema import assert_error_shape
 from tests.api.schema import schema as generated_schema
 
-MAX_EXAMPLES = 12
+MAX_EXAMPLES = int(os.environ.get("CONTRACT_EXAMPLES", "12"))
+# the same examples on every run, so `make test` (and CI) is reproducible; CONTRACT_EXPLORE=1 draws new ones
+DERANDOMIZE = os.environ.get("CONTRACT_EXPLORE", "") != "1"
 # revoking the suite's own token would leave every later example a 401; tests/workspaces covers them
 EXCLUDED = r"^/api/auth/logout"
 
@@ -61,10 +66,10 @@ CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.cont
 
 
 @schema.parametrize()
-@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=[
+@settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=DERANDOMIZE, database=None, suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
 def test_every_operation_keeps_the_contract(case, contract):
     collection = case.operation.path.split("{", 1)[0]
-    if case.path_parameters and collection in contract["ids"] and hash(repr(case.path_parameters)) % 2:
+    if case.path_parameters and collection in contract["ids"] and zlib.crc32(repr(case.path_parameters).encode()) % 2:
         case.path_parameters = {name: contract["ids"][collection] for name in case.path_parameters}
     case.call_and_validate(base_url=contract["base_url"], headers=contract["headers"], checks=CHECKS)
