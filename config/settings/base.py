@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     "workspaces",
     "durable",
     "knowledge",
+    "workflows",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,122 @@
+"""The workflow DSL: the seed system's exports import unchanged, errors name the node and the field,
+and the hash depends on what a workflow does, not on how its JSON is ordered."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from workflows import dsl
+
+SEED_EXPORT = json.loads((Path(__file__).parent / "data" / "seed_export.json").read_text())
+
+
+def two_nodes(**changes):
+    document = {
+        "entryNodeId": "planner",
+        "nodes": [
+            {"nodeId": "planner", "systemPrompt": "Plan.", "gatewayModelId": "gpt-4.1-mini",
+             "codeTools": ["knowledge_search"], "handOffs": ["writer"], "memory": {"seen": 3}},
+            {"nodeId": "writer", "systemPrompt": "Write.", "gatewayModelId": "gpt-4.1-mini", "handOffs": ["end"]},
+        ],
+    }
+    document.update(changes)
+    return document
+
+
+def errors_of(document, **kwargs) -> dict:
+    with pytest.raises(dsl.DslError) as error:
+        dsl.parse(document, **kwargs)
+    return error.value.errors
+
+
+def test_a_seed_export_imports_unchanged():
+    parsed = dsl.parse(SEED_EXPORT)
+    researcher, critic, writer = parsed["nodes"]
+    assert parsed["__schema_version"] == 1
+    assert researcher["gatewayModelId"] == "openrouter#openai/gpt-4.1-mini"
+    assert dsl.model_provider(researcher["gatewayModelId"]) == "openrouter"
+    assert dsl.model_name(researcher["gatewayModelId"]) == "openai/gpt-4.1-mini"
+    assert critic["systemPrompt"] == "" and critic["handOffType"] == "sequential"
+    assert writer["waitFor"] == ["critic"] and writer["handOffs"] == ["end"]
+    assert dsl.unresolved_tools(parsed) == ["researcher.browserUse", "researcher.csvReader", "researcher.tavily"]
+    assert dsl.unresolved_tools(parsed, mcp_tools=["tavily", "browserUse"]) == ["researcher.csvReader"]
+
+
+@pytest.mark.parametrize(("document", "path", "fragment"), [
+    (two_nodes(entryNodeId="nobody"), "entryNodeId", "names no node"),
+    (two_nodes(entryNodeId=""), "entryNodeId", "required"),
+    (two_nodes(nodes=[{"nodeId": "a", "gatewayModelId": "m"}, {"nodeId": "a", "gatewayModelId": "m"}],
+               entryNodeId="a"), "nodes[a].nodeId", "duplicate"),
+    (two_nodes(nodes=[{"nodeId": "a", "gatewayModelId": "m", "handOffs": ["b"]}], entryNodeId="a"),
+     "nodes[a].handOffs", "unknown hand-off target 'b'"),
+    (two_nodes(nodes=[{"nodeId": "a", "gatewayModelId": "m", "waitFor": ["z"]}], entryNodeId="a"),
+     "nodes[a].waitFor", "unknown node 'z'"),
+    (two_nodes(nodes=[{"nodeId": "a", "gatewayModelId": "m", "handOffType": "random"}], entryNodeId="a"),
+     "nodes[a].handOffType", "must be one of"),
+    (two_nodes(nodes=[{"nodeId": "a", "gatewayModelId": "m", "maxSteps": 0}], entryNodeId="a"),
+     "nodes[a].maxSteps", "whole number"),
+    (two_nodes(nodes=[{"nodeId": "a"}], entryNodeId="a"), "nodes[a].gatewayModelId", "required"),
+    (two_nodes(nodes=[{"nodeId": "a", "gatewayModelId": "m", "codeTools": "knowledge_search"}],
+               entryNodeId="a"), "nodes[a].codeTools", "list"),
+    (two_nodes(nodes=[{"nodeId": "end", "gatewayModelId": "m"}], entryNodeId="end"), "nodes[end].nodeId",
+     "reserved"),
+    (two_nodes(nodes=[{"gatewayModelId": "m"}], entryNodeId="a"), "nodes[0].nodeId", "required"),
+    (two_nodes(nodes=[]), "nodes", "non-empty"),
+    ("[1, 2", "dsl", "not JSON"),
+    ([], "dsl", "JSON object"),
+])
+def test_errors_name_the_node_and_the_field(document, path, fragment):
+    errors = errors_of(document)
+    assert path in errors, errors
+    assert any(fragment in message for message in errors[path]), errors
+
+
+def test_an_unknown_model_is_an_error_only_against_the_installations_models():
+    assert dsl.parse(two_nodes())  # no model list: any name is kept
+    errors = errors_of(two_nodes(), known_models=["gpt-4o"])
+    assert set(errors) == {"nodes[planner].gatewayModelId", "nodes[writer].gatewayModelId"}
+    assert dsl.parse(SEED_EXPORT, known_models=["gpt-4.1-mini", "openai/gpt-4.1-mini"])
+
+
+def test_every_error_of_a_document_is_reported_at_once():
+    document = two_nodes(entryNodeId="ghost")
+    document["nodes"][1]["handOffs"] = ["nowhere"]
+    assert set(errors_of(document)) == {"entryNodeId", "nodes[writer].handOffs"}
+
+
+def test_the_hash_ignores_ordering_memory_duplicates_and_unknown_node_fields():
+    base = dsl.dsl_hash(dsl.parse(two_nodes()))
+    reordered = two_nodes()
+    reordered["nodes"].reverse()
+    reordered = json.loads(json.dumps(reordered, sort_keys=False))
+    reordered["nodes"][1] = dict(reversed(list(reordered["nodes"][1].items())))
+    assert dsl.dsl_hash(dsl.parse(reordered)) == base
+    noisy = copy.deepcopy(two_nodes())
+    noisy["nodes"][0]["memory"] = {"seen": 999}
+    noisy["nodes"][0]["codeTools"] = ["knowledge_search", "knowledge_search"]
+    noisy["nodes"][0]["uiPosition"] = {"x": 10}  # an editor's field: not part of the workflow
+    assert dsl.dsl_hash(dsl.parse(noisy)) == base
+    aliased = copy.deepcopy(two_nodes())
+    aliased["nodes"][1]["modelName"] = aliased["nodes"][1].pop("gatewayModelId")
+    assert dsl.dsl_hash(dsl.parse(aliased)) == base
+
+
+def test_the_hash_changes_with_what_the_workflow_does():
+    base = dsl.dsl_hash(dsl.parse(two_nodes()))
+    changed_prompt = two_nodes()
+    changed_prompt["nodes"][0]["systemPrompt"] = "Plan carefully."
+    changed_tools = two_nodes()
+    changed_tools["nodes"][1]["codeTools"] = ["skill_load"]
+    changed_model = two_nodes()
+    changed_model["nodes"][1]["gatewayModelId"] = "gpt-4o"
+    hashes = {dsl.dsl_hash(dsl.parse(doc)) for doc in (changed_prompt, changed_tools, changed_model)}
+    assert base not in hashes and len(hashes) == 3
+
+
+def test_wait_for_spellings_are_merged():
+    document = two_nodes()
+    document["nodes"][1]["waitFor"] = ["planner"]
+    document["nodes"][1]["waitingFor"] = ["planner"]
+    assert dsl.parse(document)["nodes"][1]["waitFor"] == ["planner"]

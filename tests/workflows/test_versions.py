@@ -1,0 +1,141 @@
+"""Workflow versions: content-addressed, immutable, their nodes derived, at most one active."""
+
+import threading
+
+import pytest
+from django.db import IntegrityError, connections
+
+from tests.workflows.test_dsl import SEED_EXPORT, two_nodes
+from workflows.dsl import DslError
+from workflows.models import NodeVersion, WorkflowVersion
+from workflows.services import workflow_create, workflow_version_activate, workflow_version_create
+
+
+@pytest.fixture
+def workflow(workspace, owner):
+    return workflow_create(workspace=workspace, name="research", owner=owner)
+
+
+@pytest.mark.django_db
+def test_the_same_dsl_returns_the_existing_version(workflow):
+    first, created = workflow_version_create(workflow=workflow, dsl=two_nodes())
+    assert created
+    reordered = two_nodes()
+    reordered["nodes"].reverse()
+    again, created_again = workflow_version_create(workflow=workflow, dsl=reordered)
+    assert (again.pk, created_again) == (first.pk, False)
+    assert WorkflowVersion.objects.filter(workflow=workflow).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_version_derives_its_nodes_and_lists_unresolved_tools(workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=SEED_EXPORT, commit_message="imported")
+    nodes = {node.node_id: node for node in NodeVersion.objects.filter(workflow_version=version)}
+    assert set(nodes) == {"researcher", "critic", "writer"}
+    assert nodes["researcher"].llm_model == "openrouter#openai/gpt-4.1-mini"
+    assert {"kind": "mcp", "name": "tavily"} in nodes["researcher"].tools
+    assert nodes["researcher"].memory == {"lastTopic": "durable execution"}
+    assert nodes["writer"].waiting_for == ["critic"]
+    assert version.unresolved_tools == ["researcher.browserUse", "researcher.csvReader", "researcher.tavily"]
+
+
+@pytest.mark.django_db
+def test_an_invalid_dsl_writes_nothing(workflow):
+    with pytest.raises(DslError) as error:
+        workflow_version_create(workflow=workflow, dsl=two_nodes(entryNodeId="ghost"))
+    assert "entryNodeId" in error.value.errors
+    assert not WorkflowVersion.objects.exists()
+
+
+@pytest.mark.django_db
+def test_genealogy_links_parents_of_the_same_workflow_only(workflow, workspace):
+    base, _ = workflow_version_create(workflow=workflow, dsl=two_nodes())
+    changed = two_nodes()
+    changed["nodes"][0]["systemPrompt"] = "Plan in three steps."
+    child, _ = workflow_version_create(workflow=workflow, dsl=changed, operation="mutation", parents=(base,),
+                                       commit_message="prompt: three steps")
+    assert (child.parent1_id, child.parent2_id, child.operation) == (base.pk, None, "mutation")
+    other = workflow_create(workspace=workspace, name="other")
+    with pytest.raises(DslError):
+        workflow_version_create(workflow=other, dsl=changed, parents=(base,))
+
+
+@pytest.mark.django_db
+def test_a_version_is_immutable_but_its_status_and_scores_move(workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=two_nodes())
+    version.dsl["nodes"][0]["systemPrompt"] = "tampered"
+    with pytest.raises(ValueError, match="immutable"):
+        version.save()
+    with pytest.raises(ValueError, match="immutable"):
+        version.save(update_fields=["dsl"])
+    version.avg_score = 0.8
+    version.save(update_fields=["avg_score"])
+    version.refresh_from_db()
+    assert version.avg_score == 0.8 and version.dsl["nodes"][0]["systemPrompt"] == "Plan."
+
+
+@pytest.mark.django_db
+def test_the_database_allows_one_active_version_per_workflow(workflow):
+    first, _ = workflow_version_create(workflow=workflow, dsl=two_nodes())
+    changed = two_nodes()
+    changed["nodes"][1]["systemPrompt"] = "Write briefly."
+    second, _ = workflow_version_create(workflow=workflow, dsl=changed)
+    workflow_version_activate(version=first)
+    with pytest.raises(IntegrityError):
+        WorkflowVersion.objects.filter(pk=second.pk).update(status="active")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_activations_leave_exactly_one_active_version(workspace):
+    workflow = workflow_create(workspace=workspace, name="race")
+    versions = []
+    for index in range(4):
+        document = two_nodes()
+        document["nodes"][0]["systemPrompt"] = f"Plan, variant {index}."
+        versions.append(workflow_version_create(workflow=workflow, dsl=document)[0])
+    barrier = threading.Barrier(len(versions))
+    errors = []
+
+    def activate(version):
+        try:
+            barrier.wait(5)
+            workflow_version_activate(version=version)
+        except Exception as exc:  # reported to the test
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=activate, args=(version,)) for version in versions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert errors == []
+    statuses = list(WorkflowVersion.objects.filter(workflow=workflow).values_list("status", flat=True))
+    assert statuses.count("active") == 1 and statuses.count("archived") == 3
+
+
+@pytest.mark.django_db
+def test_the_admin_shows_a_version_read_only_and_only_to_its_workspace(admin_client, workflow, client,
+                                                                         other_workspace):
+    from django.contrib.auth import get_user_model
+    from django.urls import reverse
+
+    from tests.factories import MembershipFactory
+
+    version, _ = workflow_version_create(workflow=workflow, dsl=SEED_EXPORT)
+    url = reverse("admin:workflows_workflowversion_change", args=[version.pk])
+    page = admin_client.get(url)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "openrouter#openai/gpt-4.1-mini" in html and "researcher.tavily" in html
+    assert admin_client.post(url, {"commit_message": "edited"}).status_code == 403
+    staff = get_user_model().objects.create_user("staff", password="x", is_staff=True)
+    MembershipFactory(user=staff, workspace=other_workspace)
+    client.force_login(staff)
+    from django.contrib.auth.models import Permission
+
+    staff.user_permissions.add(*Permission.objects.filter(content_type__app_label="workflows"))
+    assert client.get(url).status_code in (302, 404)
+    listing = client.get(reverse("admin:workflows_workflowversion_changelist"))
+    assert listing.status_code == 200 and version.dsl_hash[:12] not in listing.content.decode()

@@ -1,0 +1,230 @@
+"""The workflow DSL: parsing, validation and the canonical form a version is addressed by.
+
+The format is a superset of the seed system's exported workflows, which import unchanged:
+`modelName` is an alias of `gatewayModelId` and `waitingFor` of `waitFor`; `__schema_version`,
+`handOffType` and `systemPrompt` may be missing; a model name may carry a provider prefix
+(`openrouter#openai/gpt-4.1-mini`); the hand-off target `end` finishes the invocation. Tools a
+fresh install lacks are not errors here: they are listed as unresolved, and an invocation of such
+a version is refused before anything is paid.
+
+``normalize`` turns a document into the stored DSL (aliases resolved, defaults filled in);
+``validate`` raises ``DslError`` naming the node and the field; ``dsl_hash`` is the SHA-256 of the
+canonical form (REFERENCE.md): keys sorted recursively, nodes sorted by id, node `memory` and
+unknown node fields dropped, tool and hand-off lists de-duplicated and sorted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+
+SCHEMA_VERSION = 1
+END = "end"
+HANDOFF_TYPES = ("sequential", "parallel", "conditional")
+MAX_NODES = 20
+MAX_STEPS = 50
+# the code tools the platform provides; anything else in `codeTools` is unresolved on a fresh install
+BUILTIN_CODE_TOOLS = frozenset({"knowledge_search", "skill_load"})
+
+NODE_FIELDS = ("nodeId", "description", "systemPrompt", "gatewayModelId", "mcpTools", "codeTools", "handOffs",
+               "handOffType", "waitFor", "skills", "maxSteps", "requiresApproval", "memory")
+# fields of a node that take part in its identity (everything but `memory`)
+HASHED_NODE_FIELDS = tuple(field for field in NODE_FIELDS if field != "memory")
+LIST_FIELDS = ("mcpTools", "codeTools", "handOffs", "waitFor", "skills")
+ALIASES = {"modelName": "gatewayModelId", "waitingFor": "waitFor"}
+
+
+class DslError(ValueError):
+    """A DSL document that cannot be a workflow; `errors` maps a field path to its messages."""
+
+    def __init__(self, errors: dict[str, list[str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{path}: {message}" for path, messages in errors.items()
+                                   for message in messages))
+
+
+class _Errors:
+    def __init__(self):
+        self.items: dict[str, list[str]] = {}
+
+    def add(self, path: str, message: str) -> None:
+        self.items.setdefault(path, []).append(message)
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise DslError(self.items)
+
+
+def _node_path(index: int, node_id) -> str:
+    return f"nodes[{node_id}]" if isinstance(node_id, str) and node_id else f"nodes[{index}]"
+
+
+def _string_list(value, path: str, errors: _Errors) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        errors.add(path, "must be a list of non-empty names")
+        return []
+    seen: list[str] = []
+    for item in value:
+        if item not in seen:
+            seen.append(item)
+    return seen
+
+
+def normalize(document) -> dict:
+    """The stored form of a DSL document: aliases resolved, defaults filled in, unknown node fields
+    dropped (a workflow's own top-level extras are kept). Raises DslError on a document that is not
+    a workflow at all (validation of the graph is ``validate``'s)."""
+    errors = _Errors()
+    if isinstance(document, str | bytes):
+        try:
+            document = json.loads(document)
+        except ValueError as exc:
+            raise DslError({"dsl": [f"is not JSON: {exc}"]}) from None
+    if not isinstance(document, dict):
+        raise DslError({"dsl": ["must be a JSON object with `entryNodeId` and `nodes`"]})
+    nodes = document.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        errors.add("nodes", "must be a non-empty list of nodes")
+        errors.raise_if_any()
+    out = {key: value for key, value in document.items() if key not in ("nodes",)}
+    out["__schema_version"] = document.get("__schema_version", SCHEMA_VERSION)
+    out.setdefault("inputSchema", {})
+    out.setdefault("outputSchema", {})
+    normalized = []
+    for index, raw in enumerate(nodes):
+        if not isinstance(raw, dict):
+            errors.add(f"nodes[{index}]", "must be an object")
+            continue
+        node = {ALIASES.get(key, key): value for key, value in raw.items() if key not in ALIASES}
+        for alias, field in ALIASES.items():
+            if alias in raw:
+                if field == "waitFor" and field in node:  # both spellings: merged
+                    node[field] = [*(node[field] or []), *(raw[alias] or [])]
+                else:
+                    node.setdefault(field, raw[alias])
+        path = _node_path(index, node.get("nodeId"))
+        clean = {
+            "nodeId": node.get("nodeId"),
+            "description": node.get("description") or "",
+            "systemPrompt": node.get("systemPrompt") or "",
+            "gatewayModelId": node.get("gatewayModelId") or "",
+            "handOffType": node.get("handOffType") or "sequential",
+            "maxSteps": node.get("maxSteps", 5),
+            "requiresApproval": bool(node.get("requiresApproval", False)),
+            "memory": node.get("memory") or {},
+        }
+        for field in LIST_FIELDS:
+            clean[field] = _string_list(node.get(field), f"{path}.{field}", errors)
+        normalized.append(clean)
+    errors.raise_if_any()
+    out["nodes"] = normalized
+    return out
+
+
+def validate(dsl: dict, *, known_models: Iterable[str] | None = None) -> None:
+    """Check a normalized DSL's graph; raises DslError naming each node and field at fault.
+
+    Unknown tools are not errors (``unresolved_tools`` lists them); an unknown model is one only when
+    `known_models` is given (the models the installation can call)."""
+    errors = _Errors()
+    nodes = dsl.get("nodes") or []
+    ids: list[str] = []
+    for index, node in enumerate(nodes):
+        node_id = node.get("nodeId")
+        path = _node_path(index, node_id)
+        if not isinstance(node_id, str) or not node_id.strip():
+            errors.add(f"{path}.nodeId", "is required")
+            continue
+        if node_id == END:
+            errors.add(f"{path}.nodeId", f"`{END}` is reserved for the hand-off that finishes the invocation")
+        if node_id in ids:
+            errors.add(f"{path}.nodeId", f"duplicate node id {node_id!r}")
+        ids.append(node_id)
+    if len(nodes) > MAX_NODES:
+        errors.add("nodes", f"at most {MAX_NODES} nodes, not {len(nodes)}")
+    entry = dsl.get("entryNodeId")
+    if not isinstance(entry, str) or not entry:
+        errors.add("entryNodeId", "is required")
+    elif entry not in ids:
+        errors.add("entryNodeId", f"names no node: {entry!r}")
+    models = set(known_models) if known_models is not None else None
+    for index, node in enumerate(nodes):
+        node_id = node.get("nodeId")
+        if not isinstance(node_id, str) or not node_id:
+            continue
+        path = _node_path(index, node_id)
+        for target in node["handOffs"]:
+            if target != END and target not in ids:
+                errors.add(f"{path}.handOffs", f"unknown hand-off target {target!r}")
+            if target == node_id and node["handOffType"] == "parallel":
+                errors.add(f"{path}.handOffs", "a parallel hand-off cannot target its own node")
+        for source in node["waitFor"]:
+            if source not in ids:
+                errors.add(f"{path}.waitFor", f"waits for an unknown node {source!r}")
+        if node["handOffType"] not in HANDOFF_TYPES:
+            errors.add(f"{path}.handOffType", f"must be one of {', '.join(HANDOFF_TYPES)}, "
+                                              f"not {node['handOffType']!r}")
+        steps = node["maxSteps"]
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= MAX_STEPS:
+            errors.add(f"{path}.maxSteps", f"must be a whole number from 1 to {MAX_STEPS}")
+        model = node["gatewayModelId"]
+        if not isinstance(model, str) or not model:
+            errors.add(f"{path}.gatewayModelId", "is required (or `modelName`)")
+        elif models is not None and model_name(model) not in models:
+            errors.add(f"{path}.gatewayModelId", f"unknown model {model!r}")
+        if not isinstance(node["systemPrompt"], str):
+            errors.add(f"{path}.systemPrompt", "must be text")
+        if not isinstance(node["memory"], dict):
+            errors.add(f"{path}.memory", "must be an object")
+    errors.raise_if_any()
+
+
+def parse(document, *, known_models: Iterable[str] | None = None) -> dict:
+    """normalize + validate: the stored DSL of a document, or DslError."""
+    dsl = normalize(document)
+    validate(dsl, known_models=known_models)
+    return dsl
+
+
+def model_name(model: str) -> str:
+    """The model part of a possibly provider-prefixed name: `openrouter#openai/gpt-4.1-mini` ->
+    `openai/gpt-4.1-mini`."""
+    return model.split("#", 1)[1] if "#" in model else model
+
+
+def model_provider(model: str) -> str:
+    """The provider of a model name ("" for a bare name: the default provider)."""
+    return model.split("#", 1)[0] if "#" in model else ""
+
+
+def unresolved_tools(dsl: dict, *, mcp_tools: Iterable[str] = ()) -> list[str]:
+    """Tools the DSL names that this installation does not provide, sorted (`node.tool`)."""
+    available_mcp = set(mcp_tools)
+    missing = set()
+    for node in dsl["nodes"]:
+        missing.update(f"{node['nodeId']}.{tool}" for tool in node["codeTools"] if tool not in BUILTIN_CODE_TOOLS)
+        missing.update(f"{node['nodeId']}.{tool}" for tool in node["mcpTools"] if tool not in available_mcp)
+    return sorted(missing)
+
+
+def canonical(dsl: dict) -> dict:
+    """The form a version is addressed by: nodes sorted by id with their hashed fields only, tool and
+    hand-off lists de-duplicated and sorted, keys sorted recursively (by the serialisation)."""
+    nodes = []
+    for node in dsl["nodes"]:
+        item = {field: node.get(field) for field in HASHED_NODE_FIELDS}
+        for field in LIST_FIELDS:
+            item[field] = sorted(set(node.get(field) or []))
+        nodes.append(item)
+    out = {key: value for key, value in dsl.items() if key != "nodes"}
+    out["nodes"] = sorted(nodes, key=lambda node: node["nodeId"])
+    return out
+
+
+def dsl_hash(dsl: dict) -> str:
+    """SHA-256 of the canonical form: the same workflow however its keys, nodes or lists are ordered."""
+    text = json.dumps(canonical(dsl), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
