@@ -17,6 +17,7 @@ class DurableSettings:
     retention_policies: tuple
     default_step_queue: str
     turn_queue: str
+    step_default_timeout: float
 
 
 def durable_settings() -> DurableSettings:
@@ -31,4 +32,5 @@ def durable_settings() -> DurableSettings:
         retention_policies=tuple(getattr(settings, "DURABLE_RETENTION_POLICIES", ())),
         default_step_queue=getattr(settings, "DURABLE_STEP_QUEUE", "steps"),
         turn_queue=getattr(settings, "DURABLE_TURN_QUEUE", "turns"),
+        step_default_timeout=float(getattr(settings, "DURABLE_STEP_DEFAULT_TIMEOUT", 300.0)),
     )

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.conf import settings as django_settings
 from django.db import DatabaseError, OperationalError, connection
 
 from durable import store
@@ -46,10 +45,6 @@ class _StepScope:
 _current_step: contextvars.ContextVar[_StepScope | None] = contextvars.ContextVar("durable_step", default=None)
 
 SAVE_EVERY_SECONDS = 1.0
-
-
-def default_step_timeout() -> float:
-    return float(getattr(django_settings, "DURABLE_STEP_DEFAULT_TIMEOUT", 300.0))
 
 
 def heartbeat(progress=None) -> None:
@@ -83,7 +78,7 @@ def execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
     Claims are compare-and-set (pending -> running, attempt + 1) and settles are conditional on
     the checkpoint's id and attempt, so a redelivered message, a second worker or a retry of the
     run can never have a result settled twice or into the wrong attempt."""
-    default_timeout = default_step_timeout()
+    default_timeout = durable_settings().step_default_timeout
     claimed = store.steps_claim(run_id, seqs, default_timeout)
     if not claimed:
         return {"claimed": 0, "settled": 0, "skipped": 0}

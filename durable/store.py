@@ -35,7 +35,9 @@ from datetime import datetime
 import psycopg
 from django.db import connection, transaction
 
+from durable.codec import decode, encode
 from durable.dispatch import dispatch_steps, dispatch_turn
+from durable.settings import durable_settings
 from durable.states import RunStatus, StepStatus
 
 RUN_TABLE = "durable_durablerun"
@@ -108,25 +110,31 @@ def lock_runs(run_ids: Sequence[str]) -> list[str]:
 
 WAKE_SQL = f"""
 UPDATE {RUN_TABLE} SET wake_pending = true, dispatched_at = statement_timestamp(), updated_at = statement_timestamp()
-WHERE id = %s AND status IN {ACTIVE}
-RETURNING priority, (status = 'running' AND locked_until > statement_timestamp()) AS busy
+WHERE id = ANY(%s) AND status IN {ACTIVE}
+RETURNING id, priority, (status = 'running' AND locked_until > statement_timestamp()) AS busy
 """
 
 
-def run_wake(run_id: str) -> bool:
-    """Ask for a turn. A run whose turn is in flight is only flagged: that turn sees the flag when
-    it releases the run and dispatches the next turn itself, so a wake during a turn is never lost.
-    Called inside the transaction of the change that caused it; crash after commit: wake_pending
-    is set and the tick re-sends the turn."""
+def runs_wake(run_ids: Iterable[str]) -> set[str]:
+    """Ask for a turn of each run, in one statement. A run whose turn is in flight is only flagged:
+    that turn sees the flag when it releases the run and dispatches the next turn itself, so a wake
+    during a turn is never lost. Called inside the transaction of the change that caused it; crash
+    after commit: wake_pending is set and the tick re-sends the turn. Returns the active runs woken."""
+    run_ids = list(run_ids)
+    if not run_ids:
+        return set()
     with connection.cursor() as cursor:
-        cursor.execute(WAKE_SQL, [run_id])
-        row = cursor.fetchone()
-    if row is None:
-        return False
-    priority, busy = row
-    if not busy:
-        dispatch_turn(run_id, priority)
-    return True
+        cursor.execute(WAKE_SQL, [run_ids])
+        rows = cursor.fetchall()
+    for run_id, priority, busy in rows:
+        if not busy:
+            dispatch_turn(run_id, priority)
+    return {row[0] for row in rows}
+
+
+def run_wake(run_id: str) -> bool:
+    """Ask for a turn of one run (see ``runs_wake``); False when it is not active."""
+    return bool(runs_wake([run_id]))
 
 
 FAN_PENDING_SQL = f"""
@@ -276,8 +284,6 @@ def run_finish(run_id: str, token: str, status: str, *, output_text: str = "", e
 
 
 def _parent_ended_error(run_id: str) -> str:
-    from durable.codec import encode
-
     return encode({"type": "Cancelled", "message": f"parent {run_id} ended while this run was active"})
 
 
@@ -305,19 +311,19 @@ def run_continue_as_new(run_id: str, token: str, input_text: str) -> bool:
     with transaction.atomic(), connection.cursor() as cursor:
         descendants = _lock_descendants(run_id)
         cursor.execute(
-            f"""UPDATE {RUN_TABLE} SET status = 'pending', input = %s, epoch = epoch + 1, fence = fence + 1, turns = 0,
-                    locked_by = '',
-                    locked_until = NULL, wake_pending = true, wake_at = NULL, recovery_attempts = 0,
-                    dispatched_at = statement_timestamp(), updated_at = statement_timestamp()
+            f"""UPDATE {RUN_TABLE} SET status = 'pending', input = %s, epoch = epoch + 1, fence = fence + 1,
+                    turns = 0, locked_by = '', locked_until = NULL, wake_pending = true, wake_at = NULL,
+                    recovery_attempts = 0, dispatched_at = statement_timestamp(), updated_at = statement_timestamp()
                 WHERE id = %s AND locked_by = %s AND status = 'running' RETURNING priority""",
             [input_text, run_id, token],
         )
         row = cursor.fetchone()
         if row is None:
             return False
-        ended = _cancel_runs(descendants, _parent_ended_error(run_id)) if descendants else []
-        _end_open_work([run_id, *ended])
+        if descendants:
+            _end_open_work(_cancel_runs(descendants, _parent_ended_error(run_id)))
         cursor.execute(f"DELETE FROM {CP_TABLE} WHERE run_id = %s", [run_id])
+        cursor.execute(f"DELETE FROM {WAITER_TABLE} WHERE run_id = %s", [run_id])
         dispatch_turn(run_id, row[0])
     return True
 
@@ -499,8 +505,6 @@ def child_report(*, parent_id: str, parent_seq: int, child_id: str, child_status
 
 
 def child_error_text(child_id: str, child_status: str, error_text: str) -> str:
-    from durable.codec import decode, encode
-
     error = decode(error_text, column="run.error", row=child_id) if error_text else None
     if not isinstance(error, dict):
         error = {}
@@ -551,15 +555,10 @@ def steps_rearm(steps: Sequence[tuple[int, int]], *, grace_seconds: float) -> se
                 FROM unnest(%s::bigint[], %s::int[]) AS c(id, attempt)
                 WHERE cp.id = c.id AND cp.attempt = c.attempt AND cp.status = 'running'
                 RETURNING cp.id""",
-            [grace_seconds, _default_timeout(), [step[0] for step in steps], [step[1] for step in steps]],
+            [grace_seconds, durable_settings().step_default_timeout, [step[0] for step in steps],
+             [step[1] for step in steps]],
         )
         return {row[0] for row in cursor.fetchall()}
-
-
-def _default_timeout() -> float:
-    from django.conf import settings
-
-    return float(getattr(settings, "DURABLE_STEP_DEFAULT_TIMEOUT", 300.0))
 
 
 def steps_settle(run_id: str, settlements: list[tuple]) -> list[tuple]:
@@ -645,16 +644,19 @@ def steps_time_out(*, max_timeouts: int, error_text: str, batch: int) -> list[tu
             [max_timeouts] * 3 + [error_text, batch],
         )
         rows = cursor.fetchall()
-        for run_id, _seq, status, _queue in rows:
-            if status == StepStatus.FAILED:
-                run_wake(run_id)
-        by_run: dict[tuple[str, str], list[int]] = {}
-        for run_id, seq, status, queue in rows:
-            if status == StepStatus.PENDING:
-                by_run.setdefault((run_id, queue), []).append(seq)
-        for (run_id, queue), seqs in by_run.items():
-            dispatch_steps(run_id, seqs, queue)
+        runs_wake({run_id for run_id, _seq, status, _queue in rows if status == StepStatus.FAILED})
+        _dispatch_by_run([(run_id, seq, queue) for run_id, seq, status, queue in rows
+                          if status == StepStatus.PENDING])
     return rows
+
+
+def _dispatch_by_run(steps: Iterable[tuple[str, int, str]]) -> None:
+    """Send (run_id, seq, queue) steps again, one message chunk per run and queue, after commit."""
+    grouped: dict[tuple[str, str], list[int]] = {}
+    for run_id, seq, queue in steps:
+        grouped.setdefault((run_id, queue), []).append(seq)
+    for (run_id, queue), seqs in grouped.items():
+        dispatch_steps(run_id, seqs, queue)
 
 
 def steps_dispatch_due(*, redispatch_after: float, batch: int) -> list[tuple]:
@@ -672,11 +674,7 @@ def steps_dispatch_due(*, redispatch_after: float, batch: int) -> list[tuple]:
             [redispatch_after, batch],
         )
         rows = cursor.fetchall()
-        grouped: dict[tuple[str, str], list[int]] = {}
-        for run_id, seq, queue in rows:
-            grouped.setdefault((run_id, queue), []).append(seq)
-        for (run_id, queue), seqs in grouped.items():
-            dispatch_steps(run_id, seqs, queue)
+        _dispatch_by_run(rows)
     return rows
 
 
@@ -722,22 +720,19 @@ def event_deliver(*, namespace: str, name: str, payload_json: str, output_text: 
             return 0
         lock_runs(waiting)
         cursor.execute(
-            f"DELETE FROM {WAITER_TABLE} AS w USING {RUN_TABLE} AS r "
-            "WHERE w.run_id = r.id AND r.id = ANY(%s) AND w.kind = 'event' AND w.key = %s "
-            "AND %s::jsonb @> w.match RETURNING w.run_id, w.seq",
-            [waiting, name, payload_json],
+            f"""WITH taken AS (
+                    DELETE FROM {WAITER_TABLE} AS w
+                    WHERE w.run_id = ANY(%s) AND w.kind = 'event' AND w.key = %s AND %s::jsonb @> w.match
+                    RETURNING w.run_id, w.seq)
+                UPDATE {CP_TABLE} AS cp SET status = 'completed', output = %s, completed_at = statement_timestamp(),
+                    wake_at = NULL
+                FROM taken WHERE cp.run_id = taken.run_id AND cp.seq = taken.seq AND cp.status = 'pending'
+                RETURNING cp.run_id""",
+            [waiting, name, payload_json, output_text],
         )
-        reached = 0
-        for run_id, seq in cursor.fetchall():
-            cursor.execute(
-                f"UPDATE {CP_TABLE} SET status = 'completed', output = %s, completed_at = statement_timestamp(), "
-                "wake_at = NULL WHERE run_id = %s AND seq = %s AND status = 'pending'",
-                [output_text, run_id, seq],
-            )
-            if cursor.rowcount == 1:
-                reached += 1
-                run_wake(run_id)
-    return reached
+        reached = [row[0] for row in cursor.fetchall()]
+    runs_wake(set(reached))
+    return len(reached)
 
 
 # --------------------------------------------------------------------------------------- operators
@@ -883,7 +878,8 @@ def run_retry(run_id: str, *, input_text: str | None = None) -> int | None:
 def runs_recover_expired(*, max_attempts: int, dead_error_text: str, batch: int) -> list[tuple]:
     """Running runs whose lease expired (their worker died or stalled): count a recovery attempt
     and suspend them with a wake, or mark them dead past `max_attempts` (their open work ended, the
-    parent told). Crash after commit: recovered runs have wake_pending (the lost-wake pass)."""
+    parent told, then their active children cancelled). Crash after commit: recovered runs have
+    wake_pending (the lost-wake pass); a dead run's children are found by the orphan sweep."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             f"""UPDATE {RUN_TABLE} SET recovery_attempts = recovery_attempts + 1, locked_by = '', locked_until = NULL,
@@ -909,6 +905,8 @@ def runs_recover_expired(*, max_attempts: int, dead_error_text: str, batch: int)
                                  output_text="", error_text=dead_error_text)
             else:
                 dispatch_turn(run_id, priority)
+    for run_id in dead:
+        close_children(run_id)
     return rows
 
 

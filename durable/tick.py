@@ -35,7 +35,6 @@ def recover_expired_leases() -> int:
     for run_id, status, *_ in rows:
         if status == DurableRun.Status.DEAD:
             logger.error("durable: run %s is dead after too many recoveries", run_id)
-            store.close_children(run_id)
         else:
             logger.warning("durable: recovering run %s (its lease expired)", run_id)
     return len(rows)
