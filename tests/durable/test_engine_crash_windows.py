@@ -170,9 +170,11 @@ def test_a_slow_worker_of_a_retried_run_cannot_settle_into_the_new_attempt(tmp_p
     wait_until(lambda: StepCheckpoint.objects.filter(run_id=run.id, status="running").exists())
     old_flag.touch()  # the slow worker of the first attempt finishes first...
     slow.join(20)
+    assert not slow.is_alive(), "the slow worker never finished"
     new_flag.touch()
     fresh.join(20)
-    assert "error" not in slow_outcome and "error" not in fresh_outcome
+    assert not fresh.is_alive(), "the fresh worker never finished"
+    assert "error" not in slow_outcome and "error" not in fresh_outcome, (slow_outcome, fresh_outcome)
     run = run_until_settled(run.id)
     assert run.status == "completed", run.error
     assert decode(run.output) == 100  # ...and its result never lands in the new attempt
@@ -189,6 +191,8 @@ def test_a_stale_turn_of_a_retried_run_cannot_checkpoint_into_the_new_history(tm
     assert run_retry(run_id=run.id, input={"a": 100, "flag": str(new_flag)}, new_input=True)
     old_flag.touch()
     stale.join(20)
+    assert not stale.is_alive(), "the stale turn never finished"
+    assert "error" not in outcome, outcome
     assert outcome["value"].outcome == "lease_lost"
     new_flag.touch()
     run = run_until_settled(run.id)

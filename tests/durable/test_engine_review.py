@@ -95,11 +95,13 @@ def test_continue_as_new_never_cancels_the_new_historys_children():
             state["done"] = True  # the old turn's close policy is about to look for children
             worker, outcome = in_thread(engine.execute_turn, run.id)
             worker.join(20)
+            assert not worker.is_alive(), "the new history's turn never finished"
             state["new_turn"] = outcome
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(new_history_starts_first):
         assert engine.execute_turn(run.id).outcome == "continued"
+    assert "error" not in state["new_turn"], state["new_turn"]
     assert state["new_turn"]["value"].outcome in ("not_claimed", "suspended")
     run = run_until_settled(run.id)
     assert run.status == "completed", decode(run.error)["message"]
@@ -136,12 +138,14 @@ def test_a_cancel_racing_a_step_settle_does_not_deadlock():
     error = None
     try:
         with connection.execute_wrapper(mark_run_locked):
-            run_cancel(run_id=run.id)
+            assert run_cancel(run_id=run.id)
     except Exception as exc:
         error = exc
     worker.join(20)
+    assert not worker.is_alive(), "the settle never finished"
     failures = [repr(e) for e in (error, outcome.get("error")) if e is not None]
     assert not failures, failures
+    assert DurableRun.objects.get(pk=run.id).status == "cancelled"
 
 
 # ------------------------------------------------------------------ the chunked step worker

@@ -110,6 +110,7 @@ def test_concurrent_activations_leave_exactly_one_active_version(workspace):
         thread.start()
     for thread in threads:
         thread.join(20)
+    assert not any(thread.is_alive() for thread in threads), "an activation never finished"
     assert errors == []
     statuses = list(WorkflowVersion.objects.filter(workflow=workflow).values_list("status", flat=True))
     assert statuses.count("active") == 1 and statuses.count("archived") == 3
