@@ -7,7 +7,6 @@ the run is cancelled / retried, then lets it go on. The keeper renews leases eve
 value they record goes through the unfenced insert. The lease is made long here so the keeper's
 timing cannot make the tests flaky; the window they exercise exists with any lease length."""
 
-import inspect
 import uuid
 
 import pytest
@@ -151,9 +150,8 @@ def test_a_late_write_landing_inside_a_plain_retry_is_not_adopted_by_the_new_his
     def stale_turn_decides_fail_fast():
         # the turn that replayed that snapshot, stalled before recording its fail_fast choice (the run
         # was cancelled meanwhile), records it now
-        fence = {"fence": 0} if "fence" in inspect.signature(Context).parameters else {}
         ctx = Context(run_id=run.id, workflow="fence_review.fail_fast_fan", namespace="default", priority=0,
-                      checkpoints={cp.seq: cp for cp in snapshot}, tags=[], token="stale-turn", **fence)
+                      checkpoints={cp.seq: cp for cp in snapshot}, tags=[], token="stale-turn", fence=0)
         ctx.all(fr.fan_items({"key": key}), mode="fail_fast")
 
     assert services.run_cancel(run_id=run.id)
@@ -164,12 +162,14 @@ def test_a_late_write_landing_inside_a_plain_retry_is_not_adopted_by_the_new_his
         if "DELETE FROM durable_stepcheckpoint AS cp USING fan" in sql and "stale" not in state:
             worker, outcome = in_thread(stale_turn_decides_fail_fast)  # right after the prune
             worker.join(20)
+            assert not worker.is_alive(), "the stale turn never finished"
             state["stale"] = outcome
         return result
 
     with connection.execute_wrapper(late_write_between_prune_and_restamp):
         assert services.run_retry(run_id=run.id)
-    assert "stale" in state and not isinstance(state["stale"].get("error"), TypeError | AssertionError)
+    assert "stale" in state, "the retry never pruned the fan"
+    assert isinstance(state["stale"].get("error"), engine.LeaseLost), state["stale"]  # refused, not adopted
     run = run_until_settled(run.id, max_wait=5)
     assert run.status == "completed", decode(run.error).get("message")
     assert decode(run.output) == [key, 2]
