@@ -10,22 +10,10 @@ filters and facet counts, the change page, actions, autocomplete and raw-id look
 
 from __future__ import annotations
 
-from django.db.models import CharField, QuerySet, Value
-from django.db.models.functions import Cast, Concat
+from django.db.models import QuerySet
 
-from workspaces.models import Membership, Workspace
-
-
-def member_workspace_ids(user) -> QuerySet:
-    """Subquery of the ids of the user's workspaces."""
-    return Membership.objects.filter(user=user).values("workspace_id")
-
-
-def member_namespaces(user) -> QuerySet:
-    """Subquery of the durable namespaces ("ws-<id>") of the user's workspaces."""
-    return Membership.objects.filter(user=user).annotate(
-        ns=Concat(Value("ws-"), Cast("workspace_id", CharField()), output_field=CharField())
-    ).values("ns")
+from workspaces.api.base import member_namespaces, member_workspace_ids
+from workspaces.models import Workspace
 
 
 def sees_everything(request) -> bool:
@@ -36,7 +24,7 @@ def workspaces_for(request) -> QuerySet:
     """The workspaces a request's user may see and pick in the admin."""
     if sees_everything(request):
         return Workspace.objects.all()
-    return Workspace.objects.filter(pk__in=member_workspace_ids(request.user))
+    return Workspace.objects.for_user(request.user)
 
 
 class WorkspaceScopedAdmin:

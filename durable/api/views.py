@@ -5,8 +5,7 @@ is a 404). Events are published into one workspace's namespace and never reach a
 from __future__ import annotations
 
 from django.db import connection, transaction
-from django.db.models import CharField, Prefetch, Value
-from django.db.models.functions import Cast, Concat
+from django.db.models import Prefetch
 from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema, extend_schema_view
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
@@ -34,9 +33,8 @@ from durable.api.serializers import (
 )
 from durable.models import DurableRun, RunAttribute, Schedule
 from durable.registry import UnknownWorkflow, get_workflow
-from workspaces.api.base import WorkspaceScopedMixin
+from workspaces.api.base import WorkspaceScopedMixin, member_namespaces
 from workspaces.api.pagination import IdCursorPagination
-from workspaces.models import Membership
 
 TIMELINE_PAGE = 500
 TIMELINE_MAX_PAGE = 5000
@@ -59,12 +57,7 @@ class NamespaceScopedMixin(WorkspaceScopedMixin):
 
     def namespaces(self, *, write: bool = False):
         """Subquery of the caller's namespaces ("ws-<pk>"), optionally only where their role may write."""
-        memberships = Membership.objects.filter(user=self.request.user)
-        if write:
-            memberships = memberships.filter(role__in=self.write_roles)
-        return memberships.annotate(
-            ns=Concat(Value("ws-"), Cast("workspace_id", CharField()), output_field=CharField())
-        ).values("ns")
+        return member_namespaces(self.request.user, roles=self.write_roles if write else None)
 
     def get_queryset(self):
         queryset = super(WorkspaceScopedMixin, self).get_queryset()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from django.db.models import QuerySet
+from django.db.models import CharField, QuerySet, Value
+from django.db.models.functions import Cast, Concat
 from rest_framework import mixins, permissions, serializers, viewsets
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 
@@ -20,6 +21,17 @@ from workspaces.models import Membership, Workspace
 def member_workspace_ids(user) -> QuerySet:
     """Subquery of the ids of the user's workspaces (one SQL subquery, never a Python list)."""
     return Membership.objects.filter(user=user).values("workspace_id")
+
+
+def member_namespaces(user, *, roles=None) -> QuerySet:
+    """Subquery of the durable namespaces of the user's workspaces (`Workspace.namespace`, "ws-<pk>", in
+    SQL), optionally only those where the user holds one of `roles`."""
+    memberships = Membership.objects.filter(user=user)
+    if roles is not None:
+        memberships = memberships.filter(role__in=roles)
+    return memberships.annotate(
+        ns=Concat(Value("ws-"), Cast("workspace_id", CharField()), output_field=CharField())
+    ).values("ns")
 
 
 class WorkspaceRolePermission(permissions.BasePermission):
