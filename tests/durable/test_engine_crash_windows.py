@@ -16,7 +16,7 @@ from durable.errors import TurnInterrupted
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun, SignalWaiter, StepCheckpoint
 from durable.services import run_cancel, run_retry, run_start, signal_send
-from tests.durable.concurrency import in_thread, statement_fails_once, wait_until
+from tests.durable.concurrency import in_thread, statement_fails_once, time_out_silent_steps_while, wait_until
 
 
 def _status(run_id):
@@ -33,16 +33,16 @@ def test_queued_steps_waiting_in_a_chunk_do_not_time_out_and_finished_ones_settl
                                                         "timeout": 1.0})
     engine.execute_turn(run.id)
     worker, outcome = in_thread(engine.execute_steps, run.id, [0, 1, 2])
-    timed_out, settled_early = 0, False
-    while worker.is_alive():
-        timed_out += tick.time_out_silent_steps()  # the tick keeps running while the chunk works
+    seen = {"settled_early": False}
+
+    def first_settled_before_the_last():
         states = dict(StepCheckpoint.objects.filter(run_id=run.id).values_list("seq", "status"))
-        settled_early = settled_early or (states[0] == "completed" and states[2] != "completed")
-        time.sleep(0.05)
-    worker.join()
+        seen["settled_early"] |= states[0] == "completed" and states[2] != "completed"
+
+    timed_out = time_out_silent_steps_while(worker, observe=first_settled_before_the_last)
     assert "error" not in outcome, outcome
     assert timed_out == 0
-    assert settled_early, "the first step's result was held until the whole chunk ended"
+    assert seen["settled_early"], "the first step's result was held until the whole chunk ended"
     assert evidence.read_text().split().count("start:2") == 1
     assert run_until_settled(run.id).status == "completed"
 
@@ -231,8 +231,8 @@ def test_queued_steps_left_open_by_a_failed_run_are_cancelled():
 def explode_once():
     """A checkpoint named "explode" fails to insert once, as a dropped connection or a failover would."""
     with statement_fails_once("test_explode", on="INSERT", when="NEW.name = 'explode'", errcode="57P01",
-                              message="simulated failover"):
-        yield
+                              message="simulated failover") as fired:
+        yield fired
 
 
 @pytest.mark.django_db(transaction=True)
@@ -240,6 +240,7 @@ def test_a_failed_engine_write_interrupts_the_turn_for_a_retry_and_workflow_code
     run = run_start(workflow="tests.swallows_errors", input={})
     with pytest.raises(TurnInterrupted):
         engine.execute_turn(run.id)
+    assert explode_once()
     row = DurableRun.objects.get(pk=run.id)  # Django's connection is usable again
     assert row.status == "suspended" and row.recovery_attempts == 1 and row.wake_at is not None
     DurableRun.objects.filter(pk=run.id).update(wake_at=timezone.now())
@@ -333,8 +334,8 @@ def test_continue_as_new_keeps_one_history_and_gives_children_new_ids():
 def heartbeat_write_fails_once():
     """The first heartbeat write fails, as under a lock timeout or a failover."""
     with statement_fails_once("test_heartbeat", on="UPDATE", when="NEW.heartbeat_progress <> OLD.heartbeat_progress",
-                              errcode="55P03", message="simulated lock timeout"):
-        yield
+                              errcode="55P03", message="simulated lock timeout") as fired:
+        yield fired
 
 
 @pytest.mark.django_db(transaction=True)
@@ -343,6 +344,7 @@ def test_a_heartbeat_that_cannot_be_written_does_not_fail_the_step(heartbeat_wri
     assert run.status == "completed", run.error
     step = StepCheckpoint.objects.get(run_id=run.id, seq=0)
     assert step.attempt == 1 and step.status == "completed"
+    assert heartbeat_write_fails_once(), "no heartbeat write was ever refused"
 
 
 @pytest.mark.django_db
