@@ -110,11 +110,6 @@ def nul_attribute(ctx, input):
     return "stored"
 
 
-@workflow("review.parent_waiting_child")
-def parent_waiting_child(ctx, input):
-    return ctx.child("review.waits_forever")
-
-
 @workflow("review.fallback_then_fail")
 def fallback_then_fail(ctx, input):
     """A handled failure takes a fallback branch; a later step fails the run."""

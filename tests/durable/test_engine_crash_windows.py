@@ -349,6 +349,8 @@ def test_a_heartbeat_that_cannot_be_written_does_not_fail_the_step(heartbeat_wri
 
 @pytest.mark.django_db
 def test_children_left_active_by_a_parent_declared_dead_are_cancelled():
+    """The close policy applies when recovery declares a run dead, as when a turn ends it: its waiting
+    child is not left an orphan."""
     run = run_until_settled(run_start(workflow="tests.parent_of_waiting", input={}).id)
     child = DurableRun.objects.get(parent_id=run.id)
     assert child.status == "suspended"

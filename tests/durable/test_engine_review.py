@@ -2,14 +2,13 @@
 that an earlier version got wrong (the docstrings say what went wrong then)."""
 
 import threading
-from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
 import tests.durable.review_workflows  # noqa: F401 - registers the review.* workflows
-from durable import engine, tick
+from durable import engine
 from durable.codec import decode
 from durable.errors import TurnInterrupted
 from durable.inprocess import run_until_settled
@@ -208,21 +207,3 @@ def test_a_value_postgres_cannot_store_fails_the_call_instead_of_looping_the_run
     run = DurableRun.objects.get(pk=run.id)
     assert (run.status, interrupted) == ("completed", 0), (run.status, interrupted, decode(run.error))
     assert decode(run.output) == "rejected"
-
-
-# ------------------------------------------------------------------ dead runs and retention
-
-
-@pytest.mark.django_db
-def test_a_run_declared_dead_cancels_its_active_children():
-    """The close policy is applied when a turn ends a run, but not when recovery (or a failed
-    engine write) declares it dead: its child keeps waiting for ever, as an orphan."""
-    run = run_until_settled(run_start(workflow="review.parent_waiting_child", input={}).id)
-    child = DurableRun.objects.get(parent_id=run.id)
-    assert child.status == "suspended"
-    DurableRun.objects.filter(pk=run.id).update(status="running", locked_by="a-dead-worker",
-                                                locked_until=timezone.now() - timedelta(seconds=1),
-                                                recovery_attempts=5)
-    assert tick.recover_expired_leases() == 1
-    assert DurableRun.objects.get(pk=run.id).status == "dead"
-    assert DurableRun.objects.get(pk=child.id).status == "cancelled"
