@@ -24,6 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from durable import store
 from durable.settings import durable_settings
 
 logger = logging.getLogger("durable.engine")
@@ -79,8 +80,6 @@ class Keeper:
         return token in self._lost
 
     def renew(self) -> None:
-        from durable import store
-
         with self._lock:
             held = dict(self._held)
         if not held:
@@ -104,17 +103,16 @@ class Keeper:
         self._wakeup.set()
         return key
 
-    def chunk_step(self, key: int, step_id: int, *, running: bool) -> bool:
-        """A step starts (`running`: its clock is its own from now) or finishes (its result waits to be
-        saved: kept again). Returns whether the step is still held (a step that timed out before the
-        keeper reached it belongs to another worker)."""
+    def chunk_start(self, key: int, step_id: int) -> bool:
+        """A step starts: its clock is its own from now (its heartbeats re-arm it). Returns whether the
+        step is still held (a step that timed out before the keeper reached it belongs to another worker)."""
         with self._lock:
             chunk = self._chunks[key]
-            if running:
-                chunk.waiting.pop(step_id, None)
+            chunk.waiting.pop(step_id, None)
             return step_id in chunk.held
 
     def chunk_waiting(self, key: int, step_id: int, attempt: int) -> None:
+        """A step finished: its result waits to be saved, so its clock is kept again."""
         with self._lock:
             self._chunks[key].waiting[step_id] = attempt
 
@@ -129,8 +127,6 @@ class Keeper:
             self._chunks.pop(key, None)
 
     def rearm_chunks(self) -> None:
-        from durable import store
-
         now = time.monotonic()
         with self._lock:
             due = {key: (dict(chunk.waiting), chunk.period) for key, chunk in self._chunks.items()

@@ -82,10 +82,8 @@ def execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
     claimed = store.steps_claim(run_id, seqs, default_timeout)
     if not claimed:
         return {"claimed": 0, "settled": 0, "skipped": 0}
-    timeouts = []
-    for row in claimed:
-        options = (json.loads(row[4]) if isinstance(row[4], str) else row[4]) or {}
-        timeouts.append(float(options.get("timeout") or default_timeout))
+    options = [(json.loads(row[4]) if isinstance(row[4], str) else row[4]) or {} for row in claimed]
+    timeouts = [float(option.get("timeout") or default_timeout) for option in options]
     # the keeper re-arms clocks on its own connection, which sees the claim only once it is committed
     # (not inside a caller's transaction, as in a test driving steps in-process)
     chunk = keeper.hold_chunk([(row[0], row[5]) for row in claimed], period=store.clock_grace(min(timeouts)),
@@ -103,15 +101,14 @@ def execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
         last_save = time.monotonic()
 
     try:
-        for (step_id, seq, name, input_text, options, attempt, _group), timeout in zip(claimed, timeouts,
-                                                                                       strict=True):
+        for (step_id, seq, name, input_text, _options, attempt, _group), step_options, timeout in zip(
+                claimed, options, timeouts, strict=True):
             if pending and time.monotonic() - last_save >= SAVE_EVERY_SECONDS:
                 save()
-            if not keeper.chunk_step(chunk, step_id, running=True):
+            if not keeper.chunk_start(chunk, step_id):
                 skipped += 1  # timed out while it waited here: another worker has it now
                 continue
-            options = (json.loads(options) if isinstance(options, str) else options) or {}
-            pending.append(_run_step(run_id, step_id, seq, name, input_text, options, attempt, timeout))
+            pending.append(_run_step(run_id, step_id, seq, name, input_text, step_options, attempt, timeout))
             keeper.chunk_waiting(chunk, step_id, attempt)
         if pending:
             save()
@@ -123,16 +120,16 @@ def execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
 def _settle_with_retries(run_id: str, pending: list[tuple], attempts: int = 3) -> list[tuple]:
     """Save results, retrying a transient database error (a lock timeout, a dropped connection) a few
     times: the steps' work is done, and giving up means running them again after their timeout."""
-    for attempt in range(1, attempts + 1):
+    for attempt in range(1, attempts):
         try:
             return store.steps_settle(run_id, pending)
         except OperationalError:
-            if attempt == attempts or connection.in_atomic_block:
+            if connection.in_atomic_block:
                 raise
             logger.warning("durable: saving %d results of run %s failed; retrying", len(pending), run_id)
             connection.close_if_unusable_or_obsolete()
             time.sleep(0.2 * 2 ** (attempt - 1))
-    return []
+    return store.steps_settle(run_id, pending)
 
 
 def _run_step(run_id, step_id, seq, name, input_text, options, attempt, timeout) -> tuple:

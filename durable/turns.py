@@ -12,6 +12,7 @@ import enum
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NoReturn
 
 import psycopg
 from django.db import DatabaseError, connection
@@ -44,7 +45,6 @@ class TurnOutcome(enum.StrEnum):
     CONTINUED = "continued"  # continue-as-new: a new history starts with the next turn
     NOT_CLAIMED = "not_claimed"  # ended, or another worker holds the lease
     LEASE_LOST = "lease_lost"  # cancelled or recovered while this turn ran: its writes were refused
-    INTERRUPTED = "interrupted"  # an engine write failed: the run is given back for a later turn
 
 
 @dataclass
@@ -72,7 +72,7 @@ def execute_turn(run_id: str) -> TurnResult:
                      bool(parent_id), epoch, fence)
     except (DatabaseError, psycopg.Error, EngineWriteFailed) as exc:
         cause = exc.cause if isinstance(exc, EngineWriteFailed) else exc
-        return _interrupted(run_id, token, cause)
+        _interrupted(run_id, token, cause)
     finally:
         lease_keeper.release(run_id)
 
@@ -143,7 +143,7 @@ def _finish(run_id: str, token: str, status: str, *, output=None, encoded_output
     return TurnResult(run_id, status, output=output, error=error)
 
 
-def _interrupted(run_id: str, token: str, cause: BaseException) -> TurnResult:
+def _interrupted(run_id: str, token: str, cause: BaseException) -> NoReturn:
     """An engine write failed mid-turn. Django's connection may be broken (the raw cursors bypass its
     error tracking), so it is closed; the run is given back with a short delay and a recovery
     attempt counted, and the task is told to retry. If the database is down the release fails too:
