@@ -4,8 +4,9 @@ the workspaces they are a member of; superusers see everything.
 Every ModelAdmin of a workspace-owned model inherits `WorkspaceScopedAdmin` first and says how its
 rows reach a workspace: `workspace_field` (a lookup path to the Workspace, "" for Workspace itself) or
 `namespace_field` (a lookup path to a durable namespace, "ws-<workspace id>"). The changelist, its
-filters and facet counts, the change page, actions, autocomplete and raw-id lookups all start from
-`get_queryset`, so a foreign row is simply absent (the change page redirects as for a missing row).
+filters and facet counts, the change and delete pages (`get_object`), actions, autocomplete and raw-id
+lookups all start from `get_queryset`, so a foreign row is simply absent (the change page redirects as
+for a missing row); no per-object permission check is needed on top.
 """
 
 from __future__ import annotations
@@ -44,20 +45,6 @@ class WorkspaceScopedAdmin:
 
     def get_queryset(self, request):
         return self.scope(request, super().get_queryset(request))
-
-    def _visible(self, request, obj) -> bool:
-        if obj is None or sees_everything(request):
-            return True
-        return self.scope(request, self.model._default_manager.filter(pk=obj.pk)).exists()
-
-    def has_view_permission(self, request, obj=None):
-        return super().has_view_permission(request, obj) and self._visible(request, obj)
-
-    def has_change_permission(self, request, obj=None):
-        return super().has_change_permission(request, obj) and self._visible(request, obj)
-
-    def has_delete_permission(self, request, obj=None):
-        return super().has_delete_permission(request, obj) and self._visible(request, obj)
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         if db_field.related_model is Workspace and "queryset" not in kwargs:

@@ -169,3 +169,24 @@ def test_superusers_still_see_every_workspace(admin_client, two_workspaces):
         listed = {obj.pk for obj in response.context["cl"].result_list}
         assert {two_workspaces["ours"][key].pk, two_workspaces["theirs"][key].pk} <= listed, key
         assert admin_client.get(change_url(name, two_workspaces["theirs"][key])).status_code == 200
+
+
+def test_the_delete_page_of_a_workspace_costs_the_same_queries_for_1_or_5_related_rows(staff, two_workspaces):
+    """The confirmation lists every row the delete cascades to and asks the row's admin for its delete
+    permission: the scope is the queryset, never a query per listed row."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    ours = two_workspaces["ours"]["workspace"]
+    url = reverse("admin:workspaces_workspace_delete", args=[ours.pk])
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert staff.get(url).status_code == 200
+        return len(captured)
+
+    one = queries()
+    for index in range(4):
+        SkillFactory(workspace=ours, name=f"more-{index}")
+        KnowledgeSourceFactory(workspace=ours, title=f"more {index}")
+    assert queries() == one
