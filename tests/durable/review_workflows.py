@@ -1,10 +1,10 @@
 """Workflows for the adversarial review of the engine (tests/durable/test_engine_review.py)."""
 
-import time
 from pathlib import Path
 
 from durable import workflow
-from durable.engine import Child, ChildFailed, Step
+from durable.engine import Child, ChildFailed, Step, StepFailed
+from tests.durable.workflows import beating, slow_record
 
 
 def fail_once(path):
@@ -19,20 +19,6 @@ def fail_once(path):
 
 def ok(value):
     return value
-
-
-def boom(message):
-    raise ValueError(message)
-
-
-def timed(path, label, seconds):
-    """Append start/end lines to a file (evidence of every execution), sleeping in between."""
-    with open(path, "a") as handle:
-        handle.write(f"start:{label}\n")
-    time.sleep(seconds)
-    with open(path, "a") as handle:
-        handle.write(f"end:{label}\n")
-    return label
 
 
 @workflow("review.fan_flaky")
@@ -97,8 +83,8 @@ def loop_with_child(ctx, input):
 
 @workflow("review.fan_two_slow")
 def fan_two_slow(ctx, input):
-    return ctx.all([Step("first", timed, (input["path"], "first", input["first"]), timeout=input["timeout"]),
-                    Step("second", timed, (input["path"], "second", input["second"]), timeout=input["timeout"])])
+    return ctx.all([Step("first", slow_record, (input["path"], "first", input["first"]), timeout=input["timeout"]),
+                    Step("second", slow_record, (input["path"], "second", input["second"]), timeout=input["timeout"])])
 
 
 @workflow("review.nul_attribute")
@@ -113,8 +99,6 @@ def nul_attribute(ctx, input):
 @workflow("review.fallback_then_fail")
 def fallback_then_fail(ctx, input):
     """A handled failure takes a fallback branch; a later step fails the run."""
-    from durable.engine import StepFailed
-
     try:
         value = ctx.step("flaky", fail_once, input["counter"])
     except StepFailed:
@@ -125,7 +109,5 @@ def fallback_then_fail(ctx, input):
 
 @workflow("review.fast_then_beating")
 def fast_then_beating(ctx, input):
-    from tests.durable.workflows import beating
-
-    return ctx.all([Step("fast", timed, (input["path"], "fast", 0.0), timeout=input["timeout"]),
+    return ctx.all([Step("fast", slow_record, (input["path"], "fast", 0.0), timeout=input["timeout"]),
                     Step("beating", beating, (input["seconds"],), timeout=input["timeout"])])

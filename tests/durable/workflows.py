@@ -106,11 +106,6 @@ def child(ctx, input):
     return {"child": input["x"] * 2}
 
 
-@workflow("tests.failing_child")
-def failing_child(ctx, input):
-    raise ValueError("child broke")
-
-
 @workflow("tests.parent")
 def parent(ctx, input):
     one = ctx.child("tests.child", {"x": 1})
@@ -191,13 +186,6 @@ def not_json(ctx, input):
 # ---------------------------------------------------------------- workflows of the engine's crash and race tests
 
 
-def sleepy(path, value, seconds):
-    """A slow queued step that leaves evidence of each execution."""
-    record(path, f"start:{value}")
-    time.sleep(seconds)
-    return value
-
-
 def gated(flag, value):
     """Block until the file `flag` exists (a test releases it), then return `value`."""
     deadline = time.monotonic() + 20
@@ -217,7 +205,7 @@ def cancel_own_run(run_id):
 @workflow("tests.slow_chunk")
 def slow_chunk(ctx, input):
     """Slow queued steps in one chunk, each allowed a short silence."""
-    items = [Step(f"slow-{i}", sleepy, (input["path"], i, input["seconds"]), timeout=input["timeout"])
+    items = [Step(f"slow-{i}", slow_record, (input["path"], i, input["seconds"]), timeout=input["timeout"])
              for i in range(input["n"])]
     return ctx.all(items)
 
