@@ -14,7 +14,7 @@ from workspaces.admin_scope import WorkspaceScopedAdmin
 @admin.register(Workflow)
 class WorkflowAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     list_display = ("name", "workspace", "owner", "created_at")
-    list_filter = ("workspace",)
+    list_filter = [("workspace", admin.RelatedOnlyFieldListFilter)]  # only workspaces the user sees
     list_select_related = ("workspace", "owner")
     search_fields = ("name", "description")
     raw_id_fields = ("owner",)

@@ -46,12 +46,10 @@ def version_diff(old: WorkflowVersion, new: WorkflowVersion) -> dict:
             "dsl_diff": dsl_diff, "nodes": nodes}
 
 
-def version_lookup(ref: str, *, workspace=None) -> WorkflowVersion:
-    """A version by its id or by a prefix of its hash (at least 6 characters); LookupError with the
-    reason when none or several match."""
+def version_lookup(ref: str) -> WorkflowVersion:
+    """A version by its id or by a prefix of its hash (at least 6 characters), in any workspace (the
+    operator's CLI); LookupError with the reason when none or several match."""
     queryset = WorkflowVersion.objects.select_related("workflow")
-    if workspace is not None:
-        queryset = queryset.filter(workflow__workspace=workspace)
     if ref.isdigit() and ref.isascii():
         match = queryset.filter(pk=int(ref)).first()
         if match is not None:
