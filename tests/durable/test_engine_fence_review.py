@@ -1,11 +1,13 @@
-"""Adversarial review of 120e721 (the inline-step checkpoint stamped with the run's history fence
-instead of being fenced by the turn's lease).
+"""Regression tests from an adversarial review of the history fence: a stale turn of a cancelled or
+retried run must not write into the run's new history, whatever it records after its stall.
 
 Each test runs a real turn in another thread (its own connection) that stalls inside a step while
-the run is cancelled / retried, then lets it go on. The keeper renews leases every lease_seconds / 3
-(10 s by default): until its next renewal the stale turn's `ctx` calls are not stopped, and every
-value they record goes through the unfenced insert. The lease is made long here so the keeper's
-timing cannot make the tests flaky; the window they exercise exists with any lease length."""
+the run is cancelled / retried, then lets it go on. The keeper renews leases every lease_seconds / 3,
+so until its next renewal the stale turn's `ctx` calls are not stopped by the keeper: only the
+engine's write fencing stops them (earlier, 120e721, an inline step's checkpoint was stamped with the
+history fence instead of being fenced by the turn's lease, and these writes landed). The lease is
+made long here so the keeper's timing cannot make the tests flaky; the window exists with any lease
+length."""
 
 import uuid
 
@@ -130,9 +132,10 @@ def test_a_cancelled_runs_stale_turn_cannot_take_a_buffered_event_from_the_names
 
 @pytest.mark.django_db(transaction=True)
 def test_a_late_write_landing_inside_a_plain_retry_is_not_adopted_by_the_new_history():
-    """run_retry prunes (DELETE) and then re-stamps what is left (UPDATE ... SET fence) in two statements,
-    each with its own snapshot: a stale turn's insert committed between them is re-stamped with the new
-    fence and replayed as part of the new history."""
+    """run_retry prunes (DELETE) and then re-stamps what is left (UPDATE ... SET fence) in two statements:
+    a stale turn's write between them is refused, and the new history replays only its own checkpoints.
+    Earlier such an insert committed, was re-stamped with the new fence and replayed into the new
+    history."""
     from django.db import connection
 
     from durable.context import REPLAY_SQL, Context, _Checkpoint

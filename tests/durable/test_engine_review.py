@@ -1,5 +1,6 @@
 """Regression tests from an adversarial review of the engine: each pins an interleaving or an input
-that an earlier version got wrong (the docstrings say what went wrong then)."""
+that an earlier version got wrong. Each docstring says what must hold, then ("Earlier: ...") what went
+wrong before the fix."""
 
 import threading
 
@@ -21,8 +22,9 @@ from tests.durable.concurrency import in_thread, time_out_silent_steps_while
 
 @pytest.mark.django_db
 def test_a_plain_retry_of_a_fan_with_a_failed_item_reruns_the_failed_item(tmp_path):
-    """Retry deletes the failed item's checkpoint and keeps the completed one; the replay then
-    finds a fan with 1 checkpoint for 2 items and fails with a non-determinism error, every time."""
+    """Retry deletes the failed item's checkpoint and keeps the completed one; the replay re-runs only
+    the failed item. Earlier: the replay found a fan with 1 checkpoint for 2 items and failed with a
+    non-determinism error, every time."""
     run = run_until_settled(run_start(workflow="review.fan_flaky", input={"counter": str(tmp_path / "n")}).id)
     assert run.status == "failed"
     assert run_retry(run_id=run.id)
@@ -33,8 +35,9 @@ def test_a_plain_retry_of_a_fan_with_a_failed_item_reruns_the_failed_item(tmp_pa
 
 @pytest.mark.django_db
 def test_a_plain_retry_of_a_fail_fast_fan_whose_child_now_succeeds_completes(tmp_path):
-    """The fail_fast record (a completed 'value' checkpoint) survives the retry while the failed
-    child is re-run; when it now succeeds, the replay refuses the record as non-deterministic."""
+    """The failed child is re-run and now succeeds: the retried run completes. Earlier: the fail_fast
+    record (a completed 'value' checkpoint) survived the retry and the replay refused it as
+    non-deterministic."""
     run = run_until_settled(run_start(workflow="review.fail_fast_one_child",
                                       input={"counter": str(tmp_path / "n")}).id)
     assert run.status == "failed"
@@ -46,9 +49,10 @@ def test_a_plain_retry_of_a_fail_fast_fan_whose_child_now_succeeds_completes(tmp
 
 @pytest.mark.django_db
 def test_a_plain_retry_replays_a_handled_failure_that_now_succeeds(tmp_path):
-    """Retry drops the failed step but keeps the completed fallback recorded *after* it; the failed
-    step now succeeds, the code takes the other branch and meets the fallback's checkpoint: a
-    non-determinism error, and every further retry fails the same way."""
+    """A step whose failure was handled (a fallback branch) succeeds on the retry: the code takes the
+    other branch and the run completes. Earlier: retry kept the completed fallback recorded *after*
+    the dropped failed step, the new branch met the fallback's checkpoint, a non-determinism error,
+    and every further retry failed the same way."""
     run = run_until_settled(run_start(workflow="review.fallback_then_fail",
                                       input={"counter": str(tmp_path / "a"), "counter2": str(tmp_path / "b")}).id)
     assert run.status == "failed"
@@ -85,7 +89,8 @@ def test_a_plain_retry_does_not_resurrect_the_ended_children_of_a_completed_chil
 def test_continue_as_new_never_cancels_the_new_historys_children():
     """A worker that turns the new history right when the old turn applies the close policy (the
     old history's active children are cancelled) never has the new history's child cancelled: the
-    policy applies inside the continue-as-new transaction, before the new history can start."""
+    policy applies inside the continue-as-new transaction, before the new history can start. Earlier
+    it applied after, and could cancel the new history's child."""
     run = run_start(workflow="review.loop_with_child", input={"n": 0})
     state = {"done": False}
 
@@ -113,8 +118,10 @@ def test_continue_as_new_never_cancels_the_new_historys_children():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_cancel_racing_a_step_settle_does_not_deadlock():
-    """A settle locks the step rows, then the run row (its wake). A cancel locks the run row, then
-    the step rows (_end_open_work). Landing together they deadlock and Postgres aborts one."""
+    """A cancel landing while a settle holds the step rows, about to wake the run, completes and so
+    does the settle. Earlier: the settle locked the step rows, then the run row (its wake), while a
+    cancel locked the run row, then the step rows (_end_open_work); together they deadlocked and
+    Postgres aborted one."""
     run = run_start(workflow="tests.fan", input={"n": 2})
     engine.execute_turn(run.id)
     settle_waiting, cancel_locked_run = threading.Event(), threading.Event()
@@ -152,10 +159,10 @@ def test_a_cancel_racing_a_step_settle_does_not_deadlock():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_healthy_step_started_late_in_its_chunk_is_not_timed_out(tmp_path):
-    """Every step's silence clock is armed at claim and re-armed only at flushes between steps;
-    a flush is skipped when the previous step took less than a second. The second step then starts
-    ~0.7 s into its 3 s clock and is timed out at 3 s though it had run only 2.3 s of the 2.6 s it
-    needs: it runs twice, and the first execution's result is thrown away."""
+    """A step that starts ~0.7 s into its chunk still has its whole 3 s timeout: it runs once and is
+    not timed out. Earlier: every step's silence clock was armed at claim and re-armed only at
+    flushes between steps, skipped when the previous step took under a second, so the second step was
+    timed out at 2.3 s of the 2.6 s it needs, ran twice, and its first result was thrown away."""
     evidence = tmp_path / "runs.log"
     run = run_start(workflow="review.fan_two_slow", input={"path": str(evidence), "first": 0.7, "second": 2.6,
                                                           "timeout": 3.0})
@@ -170,10 +177,10 @@ def test_a_healthy_step_started_late_in_its_chunk_is_not_timed_out(tmp_path):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_finished_result_is_not_lost_while_the_next_step_of_the_chunk_heartbeats(tmp_path):
-    """The first step finishes at once, but its result waits in memory for the next flush, which
-    only comes between steps. The second step heartbeats properly (re-arming itself and the steps
-    queued behind it), but nothing re-arms the finished-but-unsettled first step: the tick times it
-    out, the settle at the end is refused, and the finished step runs again."""
+    """A step that finished at once, while the next step of its chunk heartbeats for longer than the
+    timeout, is neither timed out nor run again. Earlier: its result waited in memory for the next
+    flush (only between steps), nothing re-armed it, the tick timed it out, the settle at the end was
+    refused and the finished step ran again."""
     evidence = tmp_path / "runs.log"
     run = run_start(workflow="review.fast_then_beating", input={"path": str(evidence), "seconds": 4.0,
                                                                "timeout": 2.0})
@@ -190,10 +197,10 @@ def test_a_finished_result_is_not_lost_while_the_next_step_of_the_chunk_heartbea
 
 @pytest.mark.django_db(transaction=True)
 def test_a_value_postgres_cannot_store_fails_the_call_instead_of_looping_the_run_to_dead():
-    """A NUL byte in an attribute value is the workflow's input, not an engine outage, yet it is
-    turned into EngineWriteFailed: the workflow cannot catch it, each turn is interrupted and
-    retried, and after DURABLE_MAX_RECOVERY_ATTEMPTS the run is 'dead' ("engine writes kept
-    failing")."""
+    """A NUL byte in an attribute value is the workflow's input, not an engine outage: the call
+    raises ValueError, which the workflow catches. Earlier it became EngineWriteFailed, which the
+    workflow cannot catch: each turn was interrupted and retried, and after
+    DURABLE_MAX_RECOVERY_ATTEMPTS the run was 'dead' ("engine writes kept failing")."""
     run = run_start(workflow="review.nul_attribute", input={})
     interrupted = 0
     for _ in range(10):
