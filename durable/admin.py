@@ -152,7 +152,9 @@ class DurableRunAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     def change_view(self, request, object_id, form_url="", extra_context=None):
         extra_context = dict(extra_context or {})
         run_id = unquote(object_id)
-        if self.get_object(request, run_id) is None:  # missing, or of another workspace: the admin's redirect
+        if not self.get_queryset(request).filter(pk=run_id).exists():
+            # missing, or of another workspace: the admin's redirect (super() reads the row with its payloads
+            # once, below; this only asks whether it is in scope)
             return super().change_view(request, object_id, form_url, extra_context=extra_context)
         try:
             entries = selectors.run_timeline(run_id, include_payloads=True, limit=TIMELINE_LIMIT + 1)
