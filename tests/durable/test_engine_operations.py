@@ -3,7 +3,6 @@ from datetime import timedelta
 
 import pytest
 from cryptography.fernet import Fernet
-from django.db import connections
 from django.utils import timezone
 
 from durable import codec, engine, retention, store, tick, turns
@@ -12,6 +11,7 @@ from durable.inprocess import run_until_settled
 from durable.models import DurableRun, Schedule, StepCheckpoint
 from durable.schedules import run_id_for
 from durable.services import run_cancel, run_retry, run_start, schedule_save
+from tests.durable.concurrency import in_thread
 
 pytestmark = pytest.mark.django_db
 
@@ -181,20 +181,12 @@ def test_a_corrupt_checkpoint_does_not_break_other_runs():
 def test_two_workers_racing_never_double_settle():
     run = run_start(workflow="tests.fan", input={"n": 60})
     engine.execute_turn(run.id)
-    seqs = list(range(60))
-    results = []
-
-    def worker():
-        try:
-            results.append(engine.execute_steps(run.id, seqs))
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=worker) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    workers = [in_thread(engine.execute_steps, run.id, list(range(60))) for _ in range(3)]
+    for thread, _ in workers:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread, _ in workers)
+    assert [outcome.get("error") for _, outcome in workers] == [None] * 3
+    results = [outcome["value"] for _, outcome in workers]
     assert sum(result["claimed"] for result in results) == 60
     assert sum(result["settled"] for result in results) == 60
     assert StepCheckpoint.objects.filter(run=run, status="completed").count() == 60
@@ -213,19 +205,17 @@ def test_racing_ticks_start_each_schedule_window_once():
     barrier = threading.Barrier(4)
 
     def racing_tick():
-        try:
-            barrier.wait()
-            tick.fire_due_schedules()
-        finally:
-            connections.close_all()
+        barrier.wait(10)
+        return tick.fire_due_schedules()
 
-    threads = [threading.Thread(target=racing_tick) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    ticks = [in_thread(racing_tick) for _ in range(4)]
+    for thread, _ in ticks:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread, _ in ticks)
+    assert [outcome.get("error") for _, outcome in ticks] == [None] * 4
     ids = list(DurableRun.objects.filter(id__startswith="sched:default:race:").values_list("id", flat=True))
     assert len(ids) == len(set(ids)) == expected >= 4
+    assert sum(outcome["value"] for _, outcome in ticks) == expected  # each window counted by one tick
 
 
 def test_lost_turn_messages_are_sent_again(settings):
