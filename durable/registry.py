@@ -70,9 +70,8 @@ def get_workflow(name: str) -> WorkflowDefinition:
         raise UnknownWorkflow(f"No durable workflow is registered as {name!r}.") from None
 
 
-def workflow_names(*, api: bool | None = None) -> list[str]:
-    """Registered names, sorted; `api=True` only those startable through the API."""
-    return sorted(name for name, definition in _registry.items() if api is None or definition.api == api)
+def workflow_names() -> list[str]:
+    return sorted(_registry)
 
 
 def resolve_callable(path: str) -> Callable:
