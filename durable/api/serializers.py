@@ -15,14 +15,17 @@ def workspace_id_of(namespace: str) -> int | None:
     return int(pk) if prefix == "ws" and pk.isdigit() else None
 
 
-def _startable_workflow(name: str) -> str:
-    """A workflow members may start or schedule: one registered with `api=True`. The platform's own
-    workflows (ingestion...) are started by the platform only, with inputs it has checked."""
+def api_startable(name: str) -> bool:
+    """Whether members may start or schedule `name`: a workflow registered with `api=True`. The platform's
+    own workflows (ingestion...) are started by the platform only, with inputs it has checked."""
     try:
-        definition = get_workflow(name)
-    except UnknownWorkflow as exc:
-        raise serializers.ValidationError(str(exc)) from None
-    if not definition.api:
+        return get_workflow(name).api
+    except UnknownWorkflow:
+        return False
+
+
+def _startable_workflow(name: str) -> str:
+    if not api_startable(name):
         raise serializers.ValidationError(f"No durable workflow that can be started through the API is "
                                           f"registered as {name!r}.")
     return name

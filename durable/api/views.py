@@ -29,10 +29,11 @@ from durable.api.serializers import (
     SignalResultSerializer,
     SignalSerializer,
     TimelineSerializer,
+    api_startable,
     workspace_id_of,
 )
 from durable.models import DurableRun, RunAttribute, Schedule
-from durable.registry import UnknownWorkflow, get_workflow
+from durable.registry import UnknownWorkflow
 from workspaces.api.base import WorkspaceScopedMixin, member_namespaces
 from workspaces.api.pagination import IdCursorPagination
 
@@ -223,7 +224,7 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
         serializer = RetrySerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         new_input = "input" in serializer.validated_data
-        if new_input and not _startable(run.workflow):
+        if new_input and not api_startable(run.workflow):
             # starting over with an input of the caller's choosing is starting the workflow anew
             raise exceptions.ValidationError({"input": [f"{run.workflow} is started by the platform only; "
                                                         "retry it without a new input."]})
@@ -262,13 +263,6 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
     def bulk_retry(self, request):
         return self._bulk(request, DurableRun.Status.RETRYABLE,
                           lambda ids: services.runs_bulk_retry(run_ids=ids))
-
-
-def _startable(name: str) -> bool:
-    try:
-        return get_workflow(name).api
-    except UnknownWorkflow:
-        return False
 
 
 def _int_param(params, name: str, default, *, minimum: int | None = None, maximum: int | None = None):
