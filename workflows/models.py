@@ -10,6 +10,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from config.crypto import EncryptedTextField
+from durable.models import DurableRun
 from workspaces.models import Workspace
 
 
@@ -54,6 +56,8 @@ class WorkflowVersion(models.Model):
     operation = models.CharField(max_length=10, choices=Operation.choices, default=Operation.INIT)
     parent1 = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     parent2 = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # the evolution generation that bred it (a number: `evolution` sits above this app and links back)
+    generation = models.PositiveIntegerField(null=True, blank=True)
     commit_message = models.TextField(blank=True, default="")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.CANDIDATE)
     input_schema = models.JSONField(default=dict, blank=True)
@@ -119,3 +123,302 @@ class NodeVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id} ({self.llm_model})"
+
+
+class InvocationStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    WAITING = "waiting", "Waiting for approval"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class WorkflowInvocation(models.Model):
+    """One run of a workflow version on an input: a durable run (`durable_run`) drives it; this row
+    is what an operator reads (status, output, totals), updated by the runner's checkpointed steps."""
+
+    Status = InvocationStatus
+    TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="workflow_invocations")
+    workflow_version = models.ForeignKey(WorkflowVersion, on_delete=models.PROTECT, related_name="invocations")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    input = models.JSONField(default=dict, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    # limits this invocation ran under (REFERENCE.md: 14 node invocations; USD from settings)
+    node_budget = models.PositiveIntegerField(default=14)
+    usd_budget = models.DecimalField(max_digits=12, decimal_places=6)
+    usd_cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    llm_calls = models.PositiveIntegerField(default=0)
+    cache_hits = models.PositiveIntegerField(default=0)
+    node_count = models.PositiveIntegerField(default=0)
+    fitness_score = models.FloatField(null=True, blank=True)
+    # the run survives retention only as long as its settings say; the row here stays
+    durable_run = models.ForeignKey(DurableRun, null=True, blank=True, on_delete=models.DO_NOTHING,
+                                    db_constraint=False, related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["workspace", "-created_at"], name="workflows_inv_ws_created_idx"),
+            models.Index(fields=["workflow_version", "-created_at"], name="workflows_inv_version_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"invocation {self.pk} of {self.workflow_version_id}"
+
+
+class NodeInvocation(models.Model):
+    """One execution of a node inside an invocation (`seq` orders them; a node in a cycle runs
+    several times). Inserted running when the node starts, completed or failed when it ends."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", "Running"
+        WAITING = "waiting", "Waiting for approval"
+        COMPLETED = "completed", "Completed"
+        FAILED = "failed", "Failed"
+        REJECTED = "rejected", "Rejected"
+
+    workflow_invocation = models.ForeignKey(WorkflowInvocation, on_delete=models.CASCADE,
+                                            related_name="node_invocations")
+    seq = models.PositiveIntegerField()
+    node_id = models.CharField(max_length=200)
+    node_version = models.ForeignKey(NodeVersion, null=True, on_delete=models.SET_NULL, related_name="invocations")
+    attempt = models.PositiveSmallIntegerField(default=1)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.RUNNING)
+    input = models.TextField(blank=True, default="")
+    output = models.TextField(blank=True, default="")
+    summary = models.TextField(blank=True, default="")
+    large_summary = models.TextField(blank=True, default="")
+    next_nodes = models.JSONField(default=list, blank=True)
+    usd_cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    llm_calls = models.PositiveIntegerField(default=0)
+    cache_hits = models.PositiveIntegerField(default=0)
+    tool_calls = models.PositiveIntegerField(default=0)
+    model = models.CharField(max_length=200, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    # requiresApproval: {"decision": "approve"|"reject", "comment": ..., "by": user id}
+    approval = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workflow_invocation", "seq"], name="%(app_label)s_%(class)s_unique_seq"),
+        ]
+        ordering = ["workflow_invocation", "seq"]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} #{self.seq}"
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.started_at and self.ended_at:
+            return (self.ended_at - self.started_at).total_seconds() * 1000
+        return None
+
+
+class Message(models.Model):
+    """What an invocation said, in order (`seq` per invocation): hand-offs between nodes (roles from
+    the seed system: delegation, result, ...) and each node's conversation with its model
+    (system, user, assistant, tool)."""
+
+    class Role(models.TextChoices):
+        DELEGATION = "delegation", "Delegation"
+        RESULT = "result", "Result"
+        FEEDBACK = "feedback", "Feedback"
+        DATA = "data", "Data"
+        ERROR = "error", "Error"
+        CONTROL = "control", "Control"
+        AGGREGATED = "aggregated", "Aggregated"
+        SEQUENTIAL = "sequential", "Sequential"
+        SYSTEM = "system", "System prompt"
+        USER = "user", "User"
+        ASSISTANT = "assistant", "Assistant"
+        TOOL = "tool", "Tool result"
+
+    workflow_invocation = models.ForeignKey(WorkflowInvocation, on_delete=models.CASCADE, related_name="messages")
+    node_invocation = models.ForeignKey(NodeInvocation, null=True, blank=True, on_delete=models.CASCADE,
+                                        related_name="messages")
+    seq = models.PositiveIntegerField()
+    from_node_id = models.CharField(max_length=200, blank=True, default="")
+    to_node_id = models.CharField(max_length=200, blank=True, default="")
+    role = models.CharField(max_length=12, choices=Role.choices)
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workflow_invocation", "seq"], name="%(app_label)s_%(class)s_unique_seq"),
+        ]
+        ordering = ["workflow_invocation", "seq"]
+
+    def __str__(self) -> str:
+        return f"{self.seq} {self.role} {self.from_node_id}->{self.to_node_id}"
+
+
+def context_entry_path(entry: "ContextEntry", filename: str) -> str:
+    return f"context/{entry.workflow_invocation.workspace_id}/{entry.workflow_invocation_id}/{filename}"
+
+
+class ContextEntry(models.Model):
+    """A large value an invocation produced (a tool output too big for a prompt): the blob in Django
+    storage, the summary the nodes see and the metadata in the row."""
+
+    class Scope(models.TextChoices):
+        WORKFLOW = "workflow", "Workflow"
+        NODE = "node", "Node"
+
+    workflow_invocation = models.ForeignKey(WorkflowInvocation, on_delete=models.CASCADE,
+                                            related_name="context_entries")
+    node_invocation = models.ForeignKey(NodeInvocation, null=True, blank=True, on_delete=models.SET_NULL,
+                                        related_name="context_entries")
+    scope = models.CharField(max_length=10, choices=Scope.choices, default=Scope.WORKFLOW)
+    key = models.CharField(max_length=200)
+    data = models.FileField(upload_to=context_entry_path, max_length=400)
+    summary = models.TextField(blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    size = models.PositiveBigIntegerField(default=0)
+    content_type = models.CharField(max_length=100, default="text/plain")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workflow_invocation", "scope", "key"],
+                                    name="%(app_label)s_%(class)s_unique_key"),
+        ]
+        verbose_name_plural = "context entries"
+
+    def __str__(self) -> str:
+        return f"{self.scope}:{self.key}"
+
+
+class LlmCall(models.Model):
+    """The cache of identical temperature-0 chat calls, per workspace: the key hashes the model,
+    messages, tools and parameters (`llm.chat.ChatRequest.cache_key`). A durable step answers a
+    replay; this answers the same call in another run, so re-evaluating a node never pays twice."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=64)
+    provider = models.CharField(max_length=100)
+    model = models.CharField(max_length=200)
+    response = models.JSONField()
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    usd_cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    hits = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_hit_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "key"], name="%(app_label)s_%(class)s_unique_key"),
+        ]
+        verbose_name = "LLM call"
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.key[:12]}"
+
+
+# --------------------------------------------------------------------------------------- MCP registry
+
+class McpServer(models.Model):
+    """An MCP server registered in a workspace, reached over streamable HTTP at `url`. A node names
+    it in `mcpTools` by slug (all its tools) or as `slug/tool`."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="mcp_servers")
+    slug = models.SlugField(max_length=100)
+    display_name = models.CharField(max_length=200)
+    description = models.TextField(blank=True, default="")
+    repository_url = models.URLField(blank=True, default="")
+    url = models.URLField(max_length=500, help_text="Streamable HTTP endpoint, for example https://host/mcp")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "slug"], name="%(app_label)s_%(class)s_unique_slug"),
+        ]
+        verbose_name = "MCP server"
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class McpServerVersion(models.Model):
+    """What a sync found on a server: its reported version, capabilities and tools. A sync that
+    finds the same manifest (hash of its tools) keeps the existing version."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        SUPERSEDED = "superseded", "Superseded"
+
+    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="versions")
+    version = models.CharField(max_length=100, blank=True, default="")
+    spec_version = models.CharField(max_length=50, blank=True, default="")
+    capabilities = models.JSONField(default=dict, blank=True)
+    manifest_hash = models.CharField(max_length=64)
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.ACTIVE)
+    synced_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["server", "manifest_hash"], name="%(app_label)s_%(class)s_unique_manifest"),
+            models.UniqueConstraint(fields=["server"], condition=Q(status="active"),
+                                    name="%(app_label)s_%(class)s_one_active"),
+        ]
+        verbose_name = "MCP server version"
+
+    def __str__(self) -> str:
+        return f"{self.server} {self.version or self.manifest_hash[:12]}"
+
+
+class McpTool(models.Model):
+    server_version = models.ForeignKey(McpServerVersion, on_delete=models.CASCADE, related_name="tools")
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True, default="")
+    input_schema = models.JSONField(default=dict, blank=True)
+    output_schema = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["server_version", "name"], name="%(app_label)s_%(class)s_unique_name"),
+        ]
+        verbose_name = "MCP tool"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class UserServerConfig(models.Model):
+    """A user's settings for an MCP server: `config` (plain, e.g. extra headers) and `secrets` (a
+    JSON object of headers such as Authorization, encrypted at rest), sent with each call the
+    user's invocations make."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="mcp_configs")
+    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="user_configs")
+    config = models.JSONField(default=dict, blank=True)
+    secrets = EncryptedTextField(blank=True, default="")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "server"], name="%(app_label)s_%(class)s_unique_user_server"),
+        ]
+        verbose_name = "user MCP server config"
+
+    def __str__(self) -> str:
+        return f"{self.user} / {self.server}"
