@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django.db import IntegrityError, transaction
 
 from workflows import dsl as dsl_module
@@ -77,3 +79,138 @@ def workflow_version_activate(*, version: WorkflowVersion) -> WorkflowVersion:
         WorkflowVersion.objects.filter(pk=version.pk).update(status=WorkflowVersion.Status.ACTIVE)
     version.refresh_from_db(fields=["status"])
     return version
+
+
+# --------------------------------------------------------------------------------------- invocations
+
+class InvocationRefused(ValueError):
+    """A version that cannot run here (tools or models this installation lacks), or a bad request;
+    `errors` maps a field to its messages, naming each node."""
+
+    def __init__(self, errors: dict[str, list[str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{field}: {message}" for field, messages in errors.items()
+                                   for message in messages))
+
+
+class InvalidInvocationState(ValueError):
+    """The invocation is not in a state that allows the operation (approve a node that is not waiting...)."""
+
+
+def version_problems(version: WorkflowVersion) -> dict[str, list[str]]:
+    """What stops `version` from running on this installation now: each tool it names that no
+    built-in or registered MCP server provides, and each model no configured provider serves."""
+    from llm.chat import model_problem
+    from workflows.mcp_services import mcp_available_tools
+
+    needs_mcp = any(node["mcpTools"] for node in version.dsl["nodes"])
+    available = mcp_available_tools(workspace=version.workflow.workspace_id) if needs_mcp else {}
+    problems: dict[str, list[str]] = {}
+    missing = dsl_module.unresolved_tools(version.dsl, mcp_tools=available.keys())
+    if missing:
+        problems["tools"] = [f"{name} is not available (a built-in code tool or a synced MCP server)"
+                             for name in missing]
+    models = []
+    for node in version.dsl["nodes"]:
+        problem = model_problem(node["gatewayModelId"])
+        if problem:
+            models.append(f"{node['nodeId']}.{node['gatewayModelId']}: {problem}")
+    if models:
+        problems["models"] = models
+    return problems
+
+
+def invocation_start(*, version: WorkflowVersion, input=None, user=None, node_budget: int | None = None,
+                     usd_budget=None):
+    """Start an invocation of `version` on `input` as a durable run; returns the WorkflowInvocation
+    (queued; the worker takes it from there). A version with missing tools or models is refused
+    with InvocationRefused before anything is written or paid."""
+    from decimal import Decimal, InvalidOperation
+
+    from durable.services import run_start
+    from workflows.conf import workflow_settings
+    from workflows.durable_workflows import INVOKE_WORKFLOW
+    from workflows.models import WorkflowInvocation
+
+    problems = version_problems(version)
+    conf = workflow_settings()
+    errors = dict(problems)
+    if node_budget is None:
+        node_budget = conf.node_budget
+    elif not isinstance(node_budget, int) or isinstance(node_budget, bool) or not 1 <= node_budget <= 1000:
+        errors["node_budget"] = ["must be a whole number from 1 to 1000"]
+    try:
+        usd = conf.usd_budget if usd_budget is None else Decimal(str(usd_budget))
+        if not usd.is_finite() or usd <= 0 or usd > 1_000_000:
+            raise InvalidOperation
+    except (InvalidOperation, ValueError):
+        errors["usd_budget"] = ["must be a positive amount of USD up to 1,000,000"]
+        usd = conf.usd_budget
+    if input is None:
+        input = {}
+    try:
+        json.dumps(input)
+    except (TypeError, ValueError):
+        errors["input"] = ["must be JSON"]
+    if errors:
+        raise InvocationRefused(errors)
+    workspace = version.workflow.workspace
+    with transaction.atomic():
+        invocation = WorkflowInvocation.objects.create(
+            workspace=workspace, workflow_version=version, input=input, node_budget=node_budget, usd_budget=usd,
+            created_by=user if getattr(user, "pk", None) else None)
+        run = run_start(workflow=INVOKE_WORKFLOW, input={"invocation_id": invocation.pk}, run_id=f"wfi-{invocation.pk}",
+                        namespace=workspace.namespace, tags=["workflow", f"workflow:{version.workflow_id}"])
+        invocation.durable_run_id = run.pk
+        invocation.save(update_fields=["durable_run", "updated_at"])
+    return invocation
+
+
+def invocation_decide(*, invocation, decision: str, comment: str = "", user=None, node_seq: int | None = None):
+    """Approve or reject the node of `invocation` that waits for approval (the one numbered
+    `node_seq`, when given). Each waiting node takes one decision: a second is refused with
+    InvalidInvocationState. Returns the node invocation."""
+    from django.utils import timezone
+
+    from durable.services import InvalidRunState, RunNotFound, signal_send
+    from workflows.models import NodeInvocation
+
+    if decision not in ("approve", "reject"):
+        raise InvocationRefused({"decision": ["must be approve or reject"]})
+    if not isinstance(comment, str) or len(comment) > 10_000:
+        raise InvocationRefused({"comment": ["must be text of at most 10,000 characters"]})
+    with transaction.atomic():
+        nodes = NodeInvocation.objects.select_for_update().filter(
+            workflow_invocation=invocation, status=NodeInvocation.Status.WAITING).order_by("seq")
+        if node_seq is not None:
+            nodes = nodes.filter(seq=node_seq)
+        node = nodes.first()
+        if node is None or not (node.approval or {}).get("pending"):
+            raise InvalidInvocationState("no node of this invocation is waiting for approval"
+                                         + (f" at seq {node_seq}" if node_seq is not None else ""))
+        if (node.approval or {}).get("sent"):
+            raise InvalidInvocationState(f"node {node.node_id} already received a decision")
+        payload = {"decision": decision, "comment": comment, "by": getattr(user, "pk", None),
+                   "by_name": getattr(user, "username", "") or "", "at": timezone.now().isoformat()}
+        try:
+            signal_send(run_id=node.approval["run_id"], name=node.approval["signal"], payload=payload)
+        except (RunNotFound, InvalidRunState) as exc:
+            raise InvalidInvocationState(f"the invocation's run cannot take a decision: {exc}") from None
+        node.approval = {**node.approval, "sent": payload}
+        node.save(update_fields=["approval"])
+    return node
+
+
+def invocation_cancel(*, invocation, reason: str = "cancelled by an operator") -> bool:
+    """Cancel a running invocation (its durable run and branches). False when it had already ended."""
+    from durable.services import run_cancel
+    from workflows import execution
+    from workflows.models import WorkflowInvocation
+
+    if invocation.status in WorkflowInvocation.TERMINAL:
+        return False
+    cancelled = run_cancel(run_id=invocation.durable_run_id, reason=reason) if invocation.durable_run_id else True
+    if cancelled:
+        execution.invocation_fail(invocation.pk, reason, status=WorkflowInvocation.Status.CANCELLED)
+    invocation.refresh_from_db()
+    return cancelled

@@ -1,6 +1,8 @@
-"""Import, export and compare workflow versions from the shell."""
+"""Import, export, compare and run workflow versions from the shell."""
 
 import json
+import threading
+import time
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -13,7 +15,7 @@ from workspaces.models import Workspace
 
 
 class Command(BaseCommand):
-    help = "Workflow versions: import DSL files, export a version's DSL, diff two versions."
+    help = "Workflow versions: import DSL files, export a version's DSL, diff two versions, run one."
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
@@ -27,6 +29,14 @@ class Command(BaseCommand):
         diff = sub.add_parser("diff", help="What changed between two versions: the DSL and each node's prompt.")
         diff.add_argument("old")
         diff.add_argument("new")
+        run = sub.add_parser("run", help="Invoke a version and print its progress node by node, then its output.")
+        run.add_argument("version", help="A version id or at least 6 characters of its hash.")
+        run.add_argument("--input", default="{}", help='The input as JSON (default {}), e.g. \'{"text": "..."}\'.')
+        run.add_argument("--node-budget", type=int, default=None, help="Node invocations allowed (default 14).")
+        run.add_argument("--usd-budget", default=None, help="USD the invocation may spend (default 1.00).")
+        run.add_argument("--workers", action="store_true",
+                         help="Leave the run to the Celery workers and follow it (default: run it in this process).")
+        run.add_argument("--timeout", type=float, default=600, help="Seconds to follow the invocation (600).")
 
     def handle(self, *args, action, **options):
         return getattr(self, f"_{action}")(**options)
@@ -92,3 +102,86 @@ class Command(BaseCommand):
         self.stdout.write("")
         for line in result["dsl_diff"]:
             self.stdout.write(line)
+
+    def _run(self, *, version, input, node_budget=None, usd_budget=None, workers=False, timeout=600.0, **options):
+        from durable.inprocess import run_until_settled
+        from workflows.models import NodeInvocation, WorkflowInvocation
+        from workflows.services import InvocationRefused, invocation_start
+
+        try:
+            found = version_lookup(version)
+            payload = json.loads(input)
+        except LookupError as exc:
+            raise CommandError(str(exc)) from None
+        except ValueError as exc:
+            raise CommandError(f"--input is not JSON: {exc}") from None
+        try:
+            invocation = invocation_start(version=found, input=payload, node_budget=node_budget, usd_budget=usd_budget)
+        except InvocationRefused as exc:
+            lines = [f"  {field}: {error}" for field, errors in exc.errors.items() for error in errors]
+            raise CommandError("The version cannot run here:\n" + "\n".join(lines)) from None
+        self.stdout.write(f"invocation {invocation.pk} of version {found.pk} ({found.dsl_hash[:12]}), "
+                          f"run {invocation.durable_run_id}")
+        driver = None
+        if not workers:
+            errors = []
+
+            def drive():
+                from django.db import connection
+
+                try:
+                    run_until_settled(invocation.durable_run_id, max_wait=timeout)
+                except Exception as exc:  # reported below; the run itself keeps its state
+                    errors.append(exc)
+                finally:
+                    connection.close()
+
+            driver = threading.Thread(target=drive, name="workflow-run", daemon=True)
+            driver.start()
+        shown: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        while True:
+            invocation.refresh_from_db()
+            for row in NodeInvocation.objects.filter(workflow_invocation=invocation).order_by("seq"):
+                if shown.get(row.seq) == row.status:
+                    continue
+                shown[row.seq] = row.status
+                self._node_line(row)
+            if invocation.status in WorkflowInvocation.TERMINAL:
+                break
+            if invocation.status == WorkflowInvocation.Status.WAITING and (driver is None or not driver.is_alive()):
+                self.stdout.write(self.style.WARNING(
+                    f"waiting for approval: POST /api/workflow-invocations/{invocation.pk}/approve/ or use the admin"))
+                return
+            if time.monotonic() > deadline or (driver is not None and not driver.is_alive()
+                                               and invocation.status not in WorkflowInvocation.TERMINAL):
+                invocation.refresh_from_db()
+                if invocation.status in WorkflowInvocation.TERMINAL:
+                    continue
+                raise CommandError(f"invocation {invocation.pk} is still {invocation.status}; "
+                                   "start the workers (make run) or follow it in the admin")
+            time.sleep(0.2)
+        self.stdout.write("")
+        totals = (f"{invocation.node_count} node invocations, {invocation.llm_calls} model calls "
+                  f"({invocation.cache_hits} from the cache), {invocation.input_tokens + invocation.output_tokens} "
+                  f"tokens, ${invocation.usd_cost:.6f}")
+        if invocation.status != WorkflowInvocation.Status.COMPLETED:
+            raise CommandError(f"invocation {invocation.pk} {invocation.status}: {invocation.error}\n{totals}")
+        self.stdout.write(self.style.SUCCESS(f"completed: {totals}"))
+        self.stdout.write(invocation.output.get("text", "") if isinstance(invocation.output, dict)
+                          else json.dumps(invocation.output))
+
+    def _node_line(self, row) -> None:
+        style = {"completed": self.style.SUCCESS, "failed": self.style.ERROR, "rejected": self.style.ERROR,
+                 "waiting": self.style.WARNING}.get(row.status, str)
+        line = f"  [{row.seq}] {row.node_id}: {row.status}"
+        if row.status in ("completed", "failed", "rejected"):
+            line += (f" ({row.model or '-'}, {row.llm_calls} calls, {row.tool_calls} tools, "
+                     f"{row.input_tokens + row.output_tokens} tokens, ${row.usd_cost:.6f})")
+            if row.next_nodes:
+                line += f" -> {', '.join(row.next_nodes)}"
+        self.stdout.write(style(line))
+        if row.error:
+            self.stdout.write(f"      {row.error}")
+        elif row.summary and row.status == "completed":
+            self.stdout.write(f"      {row.summary[:160]}")

@@ -1,0 +1,185 @@
+"""The runner: a workflow version invoked as a durable run, driven in-process (same claims and
+checkpoints as the workers), answered by the offline model unless a test says otherwise."""
+
+from decimal import Decimal
+
+import pytest
+
+from durable.models import DurableRun, StepCheckpoint
+from tests.workflows.conftest import graph, node
+from workflows.models import Message, NodeInvocation, WorkflowInvocation
+from workflows.services import InvocationRefused, invocation_decide, invocation_start
+
+pytestmark = pytest.mark.django_db
+
+
+def nodes_of(invocation):
+    return list(NodeInvocation.objects.filter(workflow_invocation=invocation).order_by("seq"))
+
+
+def test_a_sequential_workflow_runs_each_node_in_order_and_records_everything(make_version, invoke):
+    version = make_version(graph("planner",
+                                 node("planner", prompt="Plan the answer.", handoffs=["writer"]),
+                                 node("writer", prompt="Write the answer.", handoffs=["end"])))
+    invocation = invoke(version, {"text": "How do durable runs survive a crash?"})
+    assert invocation.status == WorkflowInvocation.Status.COMPLETED, invocation.error
+    ran = nodes_of(invocation)
+    assert [(n.seq, n.node_id, n.status) for n in ran] == [(1, "planner", "completed"), (2, "writer", "completed")]
+    assert all(n.model == "offline-directive-v1" and n.llm_calls == 1 and n.started_at and n.ended_at for n in ran)
+    assert ran[0].next_nodes == ["writer"] and ran[1].next_nodes == ["end"]
+    assert invocation.output["node_id"] == "writer" and invocation.output["text"] == ran[1].output
+    assert invocation.node_count == 2 and invocation.llm_calls == 2
+    assert invocation.input_tokens == sum(n.input_tokens for n in ran) > 0
+    roles = list(Message.objects.filter(workflow_invocation=invocation).order_by("seq")
+                 .values_list("role", "to_node_id"))
+    # the input into the planner, its conversation, the hand-off into the writer, its conversation, the result
+    assert roles[0] == ("data", "planner")
+    assert ("sequential", "writer") in roles and roles[-1] == ("result", "end")
+    assert [r for r, _ in roles].count("assistant") == 2
+    assert DurableRun.objects.get(pk=invocation.durable_run_id).status == "completed"
+
+
+def test_costs_add_up_from_the_calls_to_the_nodes_to_the_invocation(make_version, invoke, settings):
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 2000}}
+    settings.LLM_CACHE_ENABLED = False
+    version = make_version(graph("a", node("a", handoffs=["b"]), node("b")))
+    invocation = invoke(version, {"text": "price check"})
+    assert invocation.status == "completed", invocation.error
+    ran = nodes_of(invocation)
+    calls = Message.objects.filter(workflow_invocation=invocation, role="assistant")
+    per_call = [Decimal(m.payload["usage"]["usd_cost"]) for m in calls]
+    assert all(cost > 0 for cost in per_call)
+    assert sum(n.usd_cost for n in ran) == sum(per_call) == invocation.usd_cost
+    assert invocation.output_tokens == sum(m.payload["usage"]["output_tokens"] for m in calls)
+
+
+def test_a_parallel_hand_off_fans_out_and_a_wait_for_node_joins_every_branch(make_version, invoke):
+    version = make_version(graph(
+        "split",
+        node("split", handoffs=["left", "right"], kind="parallel"),
+        node("left", prompt="Look at the left side.", handoffs=["join"]),
+        node("right", prompt="Look at the right side.", handoffs=["join"]),
+        node("join", wait_for=["left", "right"], handoffs=["end"]),
+    ))
+    invocation = invoke(version, {"text": "compare both sides"})
+    assert invocation.status == "completed", invocation.error
+    ran = nodes_of(invocation)
+    assert [(n.seq, n.node_id) for n in ran] == [(1, "split"), (2, "left"), (3, "right"), (4, "join")]
+    # the branches ran as child runs of the invocation's run
+    children = DurableRun.objects.filter(parent_id=invocation.durable_run_id)
+    assert sorted(children.values_list("workflow", flat=True)) == ["workflows.node", "workflows.node"]
+    join_inbox = Message.objects.filter(workflow_invocation=invocation, to_node_id="join").order_by("seq")
+    assert [(m.from_node_id, m.role) for m in join_inbox] == [("left", "aggregated"), ("right", "aggregated")]
+    assert invocation.output["node_id"] == "join"
+
+
+def test_a_conditional_hand_off_follows_the_models_choice(make_version, invoke):
+    version = make_version(graph(
+        "router",
+        node("router", handoffs=["billing", "weather", "end"], kind="conditional"),
+        node("billing", description="invoices, payments, refunds and billing questions"),
+        node("weather", description="weather forecasts, rain, temperature and storms"),
+    ))
+    invocation = invoke(version, {"text": "Will there be rain and storms tomorrow?"})
+    assert invocation.status == "completed", invocation.error
+    ran = nodes_of(invocation)
+    assert [n.node_id for n in ran] == ["router", "weather"]
+    assert ran[0].next_nodes == ["weather"]
+    route = Message.objects.filter(node_invocation=ran[0], role="assistant", payload__purpose="route").get()
+    assert '"weather"' in route.payload["content"]
+
+
+def test_a_cycle_is_stopped_by_the_node_budget(make_version, invoke):
+    version = make_version(graph("writer", node("writer", handoffs=["critic"]), node("critic", handoffs=["writer"])))
+    invocation = invoke(version, {"text": "loop forever"}, node_budget=5)
+    assert invocation.status == "failed"
+    assert "node budget exceeded" in invocation.error and "5" in invocation.error
+    assert [n.node_id for n in nodes_of(invocation)] == ["writer", "critic", "writer", "critic", "writer"]
+    assert DurableRun.objects.get(pk=invocation.durable_run_id).status == "failed"
+
+
+def test_the_usd_budget_fails_the_invocation_with_that_reason(make_version, invoke, settings):
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 100000, "output": 100000}}
+    settings.LLM_CACHE_ENABLED = False
+    version = make_version(graph("a", node("a", handoffs=["b"]), node("b", handoffs=["end"])))
+    invocation = invoke(version, {"text": "an expensive question"}, usd_budget="0.0001")
+    assert invocation.status == "failed"
+    assert invocation.error.startswith("USD budget exceeded")
+    first = nodes_of(invocation)[0]
+    assert first.status == "failed" and "USD budget exceeded" in first.error and first.usd_cost > 0
+    assert invocation.usd_cost == first.usd_cost
+
+
+def test_a_version_with_missing_tools_or_models_is_refused_before_anything_runs(make_version):
+    version = make_version(graph(
+        "a", node("a", tools=["csvReader", "knowledge_search"], mcp=["tavily"], handoffs=["b"]),
+        node("b", model="nowhere#some/model")))
+    with pytest.raises(InvocationRefused) as refused:
+        invocation_start(version=version, input={"text": "x"})
+    errors = refused.value.errors
+    assert any("a.csvReader" in e for e in errors["tools"]) and any("a.tavily" in e for e in errors["tools"])
+    assert not any("knowledge_search" in e for e in errors["tools"])
+    assert any(e.startswith("b.nowhere#some/model") for e in errors["models"])
+    assert not WorkflowInvocation.objects.exists() and not DurableRun.objects.exists()
+
+
+def test_budgets_and_input_are_validated(make_version):
+    version = make_version(graph("a", node("a")))
+    for kwargs, field in [({"node_budget": 0}, "node_budget"), ({"node_budget": "3"}, "node_budget"),
+                          ({"usd_budget": "-1"}, "usd_budget"), ({"usd_budget": "NaN"}, "usd_budget"),
+                          ({"usd_budget": "lots"}, "usd_budget"), ({"input": {1, 2}}, "input")]:
+        with pytest.raises(InvocationRefused) as refused:
+            invocation_start(version=version, **({"input": {}} | kwargs))
+        assert field in refused.value.errors
+
+
+def test_an_approved_node_hands_off_and_a_rejected_one_fails_the_invocation(make_version, settle, owner):
+    version = make_version(graph("draft", node("draft", approval=True, handoffs=["publish"]), node("publish")))
+    approved = settle(invocation_start(version=version, input={"text": "announce the release"}))
+    assert approved.status == "waiting"
+    waiting = nodes_of(approved)[0]
+    assert waiting.status == "waiting" and waiting.output and waiting.approval["pending"]
+    invocation_decide(invocation=approved, decision="approve", comment="ship it", user=owner)
+    approved = settle(approved)
+    assert approved.status == "completed", approved.error
+    first, second = nodes_of(approved)
+    assert first.approval["decision"] == "approve" and first.approval["comment"] == "ship it"
+    assert first.status == "completed" and second.node_id == "publish"
+
+    rejected = settle(invocation_start(version=version, input={"text": "announce something else"}))
+    invocation_decide(invocation=rejected, decision="reject", comment="not this week", user=owner)
+    rejected = settle(rejected)
+    assert rejected.status == "failed" and "not this week" in rejected.error and owner.username in rejected.error
+    assert [n.status for n in nodes_of(rejected)] == ["rejected"]
+
+
+def test_a_node_takes_one_decision(make_version, settle, owner):
+    from workflows.services import InvalidInvocationState
+
+    version = make_version(graph("draft", node("draft", approval=True)))
+    invocation = settle(invocation_start(version=version, input={"text": "x"}))
+    invocation_decide(invocation=invocation, decision="approve", user=owner)
+    with pytest.raises(InvalidInvocationState):
+        invocation_decide(invocation=invocation, decision="reject", user=owner)
+    assert settle(invocation).status == "completed"
+
+
+def test_identical_calls_are_answered_by_the_cache_the_second_time(make_version, invoke, settings):
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 1000}}
+    version = make_version(graph("a", node("a", handoffs=["b"]), node("b")))
+    first = invoke(version, {"text": "cache me"})
+    second = invoke(version, {"text": "cache me"})
+    assert first.cache_hits == 0 and first.usd_cost > 0
+    assert second.cache_hits == 2 and second.usd_cost == 0 and second.output == first.output
+    from workflows.models import LlmCall
+
+    assert sorted(LlmCall.objects.values_list("hits", flat=True)) == [1, 1]
+
+
+def test_every_model_call_is_a_checkpointed_step(make_version, invoke):
+    version = make_version(graph("a", node("a", handoffs=["b"]), node("b")))
+    invocation = invoke(version, {"text": "checkpoints"})
+    names = list(StepCheckpoint.objects.filter(run_id=invocation.durable_run_id).order_by("seq")
+                 .values_list("name", flat=True))
+    assert names == ["begin", "node:1:start", "node:1:llm:0", "node:1:end", "node:2:start", "node:2:llm:0",
+                     "node:2:end", "finish"]

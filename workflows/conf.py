@@ -1,0 +1,25 @@
+"""The workflow runner's tunables (Django settings, with these defaults)."""
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class WorkflowSettings:
+    node_budget: int  # node invocations one workflow invocation may run (REFERENCE.md: 14); bounds cycles
+    usd_budget: Decimal  # USD one invocation may spend on model calls before it fails
+    context_inline_chars: int  # a tool output longer than this goes to the context store; the node sees a summary
+    summary_chars: int  # characters of a stored output the node (and a node invocation's summary) shows
+    llm_cache_enabled: bool  # the Postgres cache of identical temperature-0 calls (LlmCall)
+
+
+def workflow_settings() -> WorkflowSettings:
+    return WorkflowSettings(
+        node_budget=int(getattr(settings, "WORKFLOW_NODE_BUDGET", 14)),
+        usd_budget=Decimal(str(getattr(settings, "WORKFLOW_USD_BUDGET", "1.00"))),
+        context_inline_chars=int(getattr(settings, "WORKFLOW_CONTEXT_INLINE_CHARS", 4000)),
+        summary_chars=int(getattr(settings, "WORKFLOW_SUMMARY_CHARS", 600)),
+        llm_cache_enabled=bool(getattr(settings, "LLM_CACHE_ENABLED", True)),
+    )

@@ -1,0 +1,311 @@
+"""Workflow invocations as durable runs.
+
+``workflows.invoke`` drives one ``WorkflowInvocation``: the entry node runs first, then each node's
+hand-offs decide what runs next, until no node is left to run.
+
+- A node is an agent loop: a model call, then the tool calls it asked for, up to `maxSteps`
+  rounds (the last round offers no tools, so the model answers). Every model call and every tool
+  call is its own checkpointed step: a crash never pays for a completed call twice.
+- Hand-offs: `sequential` runs its targets one after another; `parallel` runs them at once, each
+  as a child run (``workflows.node``) joined with ``ctx.all``; `conditional` asks the model to
+  choose one target (or `end`) through a structured answer, and a choice outside the hand-offs
+  fails the node. A node with `waitFor` runs once every node it waits for has handed off to it,
+  with all their outputs. `end` (or a node with no hand-offs) finishes a branch; the invocation's
+  output is the last output that reached an end.
+- `requiresApproval`: once the node has answered, the invocation waits for the signal
+  `approval:<node seq>` ({"decision": "approve"|"reject", "comment"}); a rejection fails the
+  invocation with the comment.
+- Budgets: at most `node_budget` node invocations (default 14, which bounds cycles) and
+  `usd_budget` USD of model calls; exceeding either fails the invocation with that reason.
+  Parallel branches each start with what was left at the fan-out and are added up at the join.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from decimal import Decimal
+
+from durable import workflow
+from durable.engine import Child, StepFailed
+from llm.chat import ChatResponse
+from workflows import execution
+from workflows.dsl import END
+
+INVOKE_WORKFLOW = "workflows.invoke"
+NODE_WORKFLOW = "workflows.node"
+
+ROUTER_PROMPT = ("You route a workflow. Read the task and the last node's answer, then choose the next step "
+                 "among these options:")
+
+
+class InvocationFailed(Exception):
+    """The invocation cannot go on (a budget, a rejection, a bad routing choice); the message says why."""
+
+
+class NodeRejected(InvocationFailed):
+    """An operator rejected a node's answer."""
+
+
+@workflow(INVOKE_WORKFLOW)  # started by workflows.services.invocation_start only
+def invoke(ctx, input: dict) -> dict:
+    """Run a workflow invocation. Input: {"invocation_id": int}."""
+    invocation_id = int(input["invocation_id"])
+    plan = ctx.step("begin", execution.invocation_begin, invocation_id, ctx.namespace)
+    if "refused" in plan:
+        raise InvocationFailed(plan["refused"])
+    if "ended" in plan:
+        return {"status": plan["ended"]}
+    try:
+        output = GraphRun(ctx, plan).run()
+    except Exception as exc:
+        ctx.step("fail", execution.invocation_fail, invocation_id, describe(exc))
+        raise
+    ctx.step("finish", execution.invocation_finish, invocation_id, output)
+    return output
+
+
+@workflow(NODE_WORKFLOW)
+def run_branch(ctx, input: dict) -> dict:
+    """One node of a parallel hand-off, run as a child of the invocation's run. Input: {"plan",
+    "node_id", "seq", "inbox", "spent"}; output: the node's result (see NodeRun.run)."""
+    return NodeRun(ctx, input["plan"], Decimal(input["spent"])).run(input["node_id"], input["seq"], input["inbox"])
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, StepFailed):
+        error = exc.error if isinstance(exc.error, dict) else {}
+        message = error.get("message") or str(exc)
+        kind = error.get("type")
+        return f"{exc.name}: {kind + ': ' if kind and kind not in message else ''}{message}"
+    return str(exc) or type(exc).__name__
+
+
+class GraphRun:
+    """The scheduler of one invocation: a queue of groups of node activations, run in order (a
+    group of one inline, a larger group as parallel child runs)."""
+
+    def __init__(self, ctx, plan: dict):
+        self.ctx = ctx
+        self.plan = plan
+        self.nodes = {node["nodeId"]: node for node in plan["dsl"]["nodes"]}
+        self.node_budget = int(plan["node_budget"])
+        self.usd_budget = Decimal(plan["usd_budget"])
+        self.spent = Decimal(0)
+        self.count = 0
+
+    def run(self) -> dict:
+        entry = self.plan["dsl"]["entryNodeId"]
+        queue = deque([[(entry, [{"from": "", "role": "data", "text": self.plan["task"]}])]])
+        boxes: dict[str, dict[str, dict]] = {}  # a waitFor node's deliveries so far, by source
+        finished: list[dict] = []
+        last = None
+        while queue:
+            group = queue.popleft()
+            if self.count + len(group) > self.node_budget:
+                names = ", ".join(node_id for node_id, _ in group)
+                raise InvocationFailed(f"node budget exceeded: {self.count} node invocations ran and the budget is "
+                                       f"{self.node_budget}; next would have been {names}")
+            seqs = list(range(self.count + 1, self.count + 1 + len(group)))
+            self.count += len(group)
+            if len(group) == 1:
+                (node_id, inbox), seq = group[0], seqs[0]
+                results = [NodeRun(self.ctx, self.plan, self.spent).run(node_id, seq, inbox)]
+            else:
+                results = self.ctx.all([
+                    Child(NODE_WORKFLOW, {"plan": self.plan, "node_id": node_id, "seq": seq, "inbox": inbox,
+                                          "spent": f"{self.spent:f}"}, name=f"node:{seq}:{node_id}")
+                    for (node_id, inbox), seq in zip(group, seqs, strict=True)
+                ], mode="fail_fast")
+            for result in results:
+                self.spent += Decimal(result["usd_cost"])
+            if self.spent > self.usd_budget:
+                raise InvocationFailed(f"USD budget exceeded: spent ${self.spent:.6f} of ${self.usd_budget:.6f}")
+            for result in results:
+                last = result
+                self._hand_off(result, queue, boxes, finished)
+        final = finished[-1] if finished else last
+        output = {"text": final["output"], "node_id": final["node_id"]}
+        parsed = _json_object(final["output"])
+        if parsed is not None:
+            output["json"] = parsed
+        return output
+
+    def _hand_off(self, result: dict, queue: deque, boxes: dict, finished: list) -> None:
+        source = result["node_id"]
+        targets = result["next"]
+        if not targets:
+            finished.append(result)
+            return
+        message = {"from": source, "role": result["role"], "text": result["output"]}
+        ready = []
+        for target in targets:
+            if target == END:
+                finished.append(result)
+                continue
+            wait_for = self.nodes[target]["waitFor"]
+            if not wait_for:
+                ready.append((target, [message]))
+                continue
+            box = boxes.setdefault(target, {})
+            box[source] = message
+            if set(wait_for) <= set(box):
+                ordered = [box[name] for name in wait_for] + [m for name, m in box.items() if name not in wait_for]
+                ready.append((target, [{**m, "role": "aggregated"} for m in ordered]))
+                del boxes[target]
+        if result["handoff_type"] == "parallel" and len(ready) > 1:
+            queue.append(ready)
+        else:
+            queue.extend([item] for item in ready)
+
+
+class NodeRun:
+    """One node invocation: the agent loop, the approval gate and the routing choice."""
+
+    def __init__(self, ctx, plan: dict, spent: Decimal):
+        self.ctx = ctx
+        self.plan = plan
+        self.invocation_id = plan["invocation_id"]
+        self.workspace_id = plan["workspace_id"]
+        self.usd_budget = Decimal(plan["usd_budget"])
+        self.spent_before = spent
+        self.usage = {"usd_cost": Decimal(0), "input_tokens": 0, "output_tokens": 0, "llm_calls": 0,
+                      "cache_hits": 0, "tool_calls": 0}
+        self.model = ""
+
+    def run(self, node_id: str, seq: int, inbox: list[dict]) -> dict:
+        ctx = self.ctx
+        node = next(node for node in self.plan["dsl"]["nodes"] if node["nodeId"] == node_id)
+        task = self.plan["task"]
+        started = ctx.step(f"node:{seq}:start", execution.node_start, self.invocation_id, self.workspace_id, seq,
+                           node, self.plan["node_versions"].get(node_id), inbox, task)
+        try:
+            output, offset = self._agent_loop(node, seq, started, inbox, task)
+            if node["requiresApproval"]:
+                self._approval(node_id, seq, output)
+            targets, role = self._next(node, seq, started["id"], offset, task, output)
+        except Exception as exc:
+            ctx.step(f"node:{seq}:failed", execution.node_finish, self.invocation_id, seq,
+                     {**self._usage_fields(), "status": "rejected" if isinstance(exc, NodeRejected) else "failed",
+                      "error": describe(exc)})
+            raise
+        summary = output.strip().split("\n", 1)[0][:300]
+        ctx.step(f"node:{seq}:end", execution.node_finish, self.invocation_id, seq, {
+            **self._usage_fields(), "status": "completed", "output": output, "summary": summary,
+            "large_summary": output[:2000] if len(output) > 2000 else "", "next_nodes": targets,
+            "handoffs": [{"from": node_id, "to": END, "role": "result", "text": output}]
+            if END in targets or not targets else [],
+        })
+        return {"node_id": node_id, "seq": seq, "output": output, "next": targets, "role": role,
+                "handoff_type": node["handOffType"], "usd_cost": f"{self.usage['usd_cost']:f}"}
+
+    def _usage_fields(self) -> dict:
+        return {**self.usage, "usd_cost": f"{self.usage['usd_cost']:f}", "model": self.model}
+
+    def _check_budget(self) -> None:
+        spent = self.spent_before + self.usage["usd_cost"]
+        if spent > self.usd_budget:
+            raise InvocationFailed(f"USD budget exceeded: spent ${spent:.6f} of ${self.usd_budget:.6f}")
+
+    def _call(self, name: str, seq: int, node_pk: int, offset: int, new: list[dict], request: dict):
+        self._check_budget()
+        result = self.ctx.step(name, execution.llm_call, self.workspace_id, self.invocation_id, node_pk, seq, offset,
+                               new, request)
+        response = ChatResponse.from_dict(result["response"])
+        self.usage["llm_calls"] += 1
+        self.model = response.usage.model
+        if result["cache_hit"]:
+            self.usage["cache_hits"] += 1
+        else:
+            self.usage["usd_cost"] += response.usage.usd_cost
+            self.usage["input_tokens"] += response.usage.input_tokens
+            self.usage["output_tokens"] += response.usage.output_tokens
+        self._check_budget()
+        return response, result["offset"]
+
+    def _agent_loop(self, node: dict, seq: int, started: dict, inbox: list[dict], task: str) -> tuple[str, int]:
+        bindings = {tool["name"]: tool for tool in started["tools"]}
+        specs = [{"name": tool["name"], "description": tool["description"], "parameters": tool["parameters"]}
+                 for tool in started["tools"]]
+        messages = [{"role": "system", "content": started["system"]}] if started["system"] else []
+        for message in inbox:
+            if message["from"]:
+                messages.append({"role": "user", "content": f"Output of {message['from']}:\n{message['text']}"})
+        messages.append({"role": "user", "content": task})
+        new, offset, output = list(messages), len(inbox), ""
+        for round_ in range(node["maxSteps"]):
+            offered = specs if round_ < node["maxSteps"] - 1 else []
+            request = {"model": node["gatewayModelId"], "messages": messages, "tools": offered, "temperature": 0.0}
+            response, offset = self._call(f"node:{seq}:llm:{round_}", seq, started["id"], offset, new, request)
+            new = []
+            messages.append(response.assistant_message())
+            output = response.content
+            if not response.tool_calls or not offered:
+                break
+            for index, call in enumerate(response.tool_calls):
+                call_dict = {"id": call.id, "name": call.name, "arguments": call.arguments,
+                             "raw": getattr(call, "raw", "")}
+                result = self.ctx.step(f"node:{seq}:tool:{round_}.{index}", execution.tool_call, self.workspace_id,
+                                       self.invocation_id, started["id"], seq, offset, call_dict,
+                                       bindings.get(call.name), self.plan["user_id"])
+                offset += 1
+                self.usage["tool_calls"] += 1
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": result["content"]})
+        return output, offset
+
+    def _approval(self, node_id: str, seq: int, output: str) -> None:
+        signal = f"approval:{seq}"
+        self.ctx.step(f"node:{seq}:await", execution.node_await_approval, self.invocation_id, seq, self.ctx.run_id,
+                      signal, output)
+        decision = self.ctx.wait_for_signal(signal)
+        if not isinstance(decision, dict):
+            decision = {"decision": "reject", "comment": f"unreadable decision {decision!r}"}
+        self.ctx.step(f"node:{seq}:decision", execution.node_record_approval, self.invocation_id, seq, decision)
+        if decision.get("decision") != "approve":
+            who = decision.get("by_name") or "an operator"
+            comment = decision.get("comment") or "no comment"
+            raise NodeRejected(f"node {node_id} was rejected by {who}: {comment}")
+
+    def _next(self, node: dict, seq: int, node_pk: int, offset: int, task: str, output: str) -> tuple[list, str]:
+        handoffs = node["handOffs"]
+        kind = node["handOffType"]
+        if kind != "conditional" or len(handoffs) <= 1:
+            return list(handoffs), "delegation" if kind == "parallel" else "sequential"
+        options = []
+        for target in handoffs:
+            if target == END:
+                options.append(f"- {END}: finish the workflow with this answer")
+            else:
+                target_node = next(n for n in self.plan["dsl"]["nodes"] if n["nodeId"] == target)
+                about = target_node["description"] or target_node["systemPrompt"][:200] or target
+                options.append(f"- {target}: {' '.join(about.split())}")
+        request = {
+            "model": node["gatewayModelId"], "temperature": 0.0, "purpose": "route",
+            "messages": [
+                {"role": "system", "content": ROUTER_PROMPT + "\n" + "\n".join(options)
+                 + '\nAnswer in JSON: {"next": <option>, "reason": <why>}.'},
+                {"role": "user", "content": f"Task:\n{task}\n\nAnswer of {node['nodeId']}:\n{output}"},
+            ],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "route", "strict": True, "schema": {
+                "type": "object", "additionalProperties": False, "required": ["next", "reason"],
+                "properties": {"next": {"type": "string", "enum": list(handoffs)}, "reason": {"type": "string"}},
+            }}},
+        }
+        response, _ = self._call(f"node:{seq}:route", seq, node_pk, offset, request["messages"], request)
+        choice = (_json_object(response.content) or {}).get("next")
+        if choice not in handoffs:
+            raise InvocationFailed(f"node {node['nodeId']}: the conditional hand-off chose {choice!r}, "
+                                   f"not one of {', '.join(handoffs)}")
+        return [choice], "delegation"
+
+
+def _json_object(text: str) -> dict | None:
+    text = (text or "").strip()
+    if text.startswith("```"):
+        text = text.strip("`")
+        text = text.split("\n", 1)[1] if "\n" in text else text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

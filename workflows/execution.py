@@ -1,0 +1,322 @@
+"""The writes of a workflow invocation, each called as one durable step by the runner
+(workflows/durable_workflows.py).
+
+Every function here may run more than once for the same step (a worker can die after its work
+and before its checkpoint), so each is idempotent: rows are keyed by (invocation, seq) and
+written with get-or-create / ignore-conflicts, totals are recomputed from the node invocations
+instead of incremented. Only ``llm_call`` and ``tool_call`` do paid or outside work, and the
+checkpoint of their step is what stops a replay from doing it again.
+
+Message numbering: a node invocation `n` owns the message seqs n * 10,000 .. n * 10,000 + 9,999
+(hand-off messages into it first, then its conversation), so parallel branches never collide
+and the invocation's messages sort in node order.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from django.db import transaction
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import Coalesce
+
+from llm.chat import ChatRequest, ToolSpec, chat
+from workflows.conf import workflow_settings
+from workflows.llm_cache import ChatCache
+from workflows.models import ContextEntry, Message, NodeInvocation, NodeVersion, WorkflowInvocation
+from workflows.tools import ToolError, node_tools, tool_run
+from workspaces.models import Workspace
+
+MESSAGES_PER_NODE = 10_000
+
+
+class InvocationRefused(Exception):
+    """The run does not own the invocation it was given (another namespace): nothing is written."""
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def message_seq(node_seq: int, offset: int) -> int:
+    if offset >= MESSAGES_PER_NODE:
+        raise ValueError(f"a node invocation holds at most {MESSAGES_PER_NODE} messages")
+    return node_seq * MESSAGES_PER_NODE + offset
+
+
+def input_text(value) -> str:
+    """The text a workflow's input gives its entry node: a string as is; an object's `text`,
+    `input`, `question`, `query` or `message` field when it has one; anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        for key in ("text", "input", "question", "query", "message"):
+            if isinstance(value.get(key), str):
+                return value[key]
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+# --------------------------------------------------------------------------------------- invocation
+
+def invocation_begin(invocation_id: int, namespace: str) -> dict:
+    """Mark the invocation running and return what the runner needs (its plan). A run of another
+    workspace's namespace is refused without a write."""
+    with transaction.atomic():
+        invocation = WorkflowInvocation.objects.select_for_update().select_related("workflow_version") \
+            .filter(pk=invocation_id).first()
+        if invocation is None or Workspace.namespace_of(invocation.workspace_id) != namespace:
+            return {"refused": f"invocation {invocation_id} does not belong to this run's workspace"}
+        if invocation.status in WorkflowInvocation.TERMINAL:
+            return {"ended": invocation.status}
+        if invocation.status == WorkflowInvocation.Status.QUEUED:
+            invocation.status = WorkflowInvocation.Status.RUNNING
+            invocation.started_at = now()
+            invocation.save(update_fields=["status", "started_at", "updated_at"])
+    version = invocation.workflow_version
+    node_versions = dict(NodeVersion.objects.filter(workflow_version=version).values_list("node_id", "pk"))
+    return {
+        "invocation_id": invocation.pk, "workspace_id": invocation.workspace_id, "version_id": version.pk,
+        "user_id": invocation.created_by_id, "dsl": version.dsl, "input": invocation.input,
+        "task": input_text(invocation.input), "node_budget": invocation.node_budget,
+        "usd_budget": f"{invocation.usd_budget:f}", "node_versions": node_versions,
+    }
+
+
+def invocation_finish(invocation_id: int, output: dict) -> None:
+    with transaction.atomic():
+        _update_totals(invocation_id)
+        WorkflowInvocation.objects.filter(pk=invocation_id).exclude(status__in=WorkflowInvocation.TERMINAL).update(
+            status=WorkflowInvocation.Status.COMPLETED, output=output, ended_at=now(), updated_at=now())
+
+
+def invocation_fail(invocation_id: int, error: str, status: str = WorkflowInvocation.Status.FAILED) -> None:
+    with transaction.atomic():
+        _update_totals(invocation_id)
+        # a node still marked running or waiting did not finish: it failed with the invocation
+        NodeInvocation.objects.filter(workflow_invocation_id=invocation_id,
+                                      status__in=[NodeInvocation.Status.RUNNING, NodeInvocation.Status.WAITING]) \
+            .update(status=NodeInvocation.Status.FAILED, error=error, ended_at=now())
+        WorkflowInvocation.objects.filter(pk=invocation_id).exclude(status__in=WorkflowInvocation.TERMINAL).update(
+            status=status, error=error, ended_at=now(), updated_at=now())
+
+
+def _update_totals(invocation_id: int) -> None:
+    totals = NodeInvocation.objects.filter(workflow_invocation_id=invocation_id).aggregate(
+        usd=Coalesce(Sum("usd_cost"), Decimal(0)), inp=Coalesce(Sum("input_tokens"), 0),
+        out=Coalesce(Sum("output_tokens"), 0), calls=Coalesce(Sum("llm_calls"), 0),
+        hits=Coalesce(Sum("cache_hits"), 0), nodes=Count("id"),
+        failed=Count("id", filter=Q(status=NodeInvocation.Status.FAILED)),
+    )
+    WorkflowInvocation.objects.filter(pk=invocation_id).update(
+        usd_cost=totals["usd"], input_tokens=totals["inp"], output_tokens=totals["out"], llm_calls=totals["calls"],
+        cache_hits=totals["hits"], node_count=totals["nodes"], updated_at=now())
+
+
+# --------------------------------------------------------------------------------------------- nodes
+
+def node_start(invocation_id: int, workspace_id: int, seq: int, node: dict, node_version_id: int | None,
+               inbox: list[dict], task: str) -> dict:
+    """Insert the node invocation (running) and the hand-off messages into it; resolve its tools and
+    skills. Returns {"id", "system", "tools", "skills", "started_at"}; the checkpoint keeps them, so
+    every replay of the node sees the same prompt and tools."""
+    tools = node_tools(workspace_id=workspace_id, code_tools=node["codeTools"], mcp_tools=node["mcpTools"])
+    system, skills = _system_prompt(workspace_id, node, task)
+    started = now()
+    with transaction.atomic():
+        row, _ = NodeInvocation.objects.get_or_create(
+            workflow_invocation_id=invocation_id, seq=seq,
+            defaults={"node_id": node["nodeId"], "node_version_id": node_version_id, "started_at": started,
+                      "input": "\n\n".join(message["text"] for message in inbox)},
+        )
+        Message.objects.bulk_create([
+            Message(workflow_invocation_id=invocation_id, node_invocation=row, seq=message_seq(seq, offset),
+                    from_node_id=message.get("from", ""), to_node_id=node["nodeId"], role=message["role"],
+                    payload={"text": message["text"]})
+            for offset, message in enumerate(inbox)
+        ], ignore_conflicts=True)
+    return {"id": row.pk, "system": system, "tools": tools, "skills": skills,
+            "started_at": row.started_at.isoformat()}
+
+
+def _system_prompt(workspace_id: int, node: dict, task: str) -> tuple[str, list[dict]]:
+    """The node's system prompt with the skills it names: a skill that matches the task (the
+    knowledge app's matching: a trigger, its name or a leading description word) is included in
+    full; the others are listed for `skill_load`."""
+    prompt = node["systemPrompt"] or node.get("description") or ""
+    if not node["skills"]:
+        return prompt, []
+    from knowledge.models import Skill
+    from knowledge.skills import match_reason
+
+    skills = {skill.name: skill for skill in Skill.objects.filter(
+        workspace_id=workspace_id, active=True, name__in=node["skills"]).order_by("name")}
+    used, listed, parts = [], [], [prompt] if prompt else []
+    for name in node["skills"]:
+        skill = skills.get(name)
+        if skill is None:
+            used.append({"name": name, "version": None, "included": False, "reason": "no active skill"})
+            continue
+        reason = match_reason(name=skill.name, description=skill.description, triggers=skill.triggers, query=task)
+        used.append({"name": name, "version": skill.version, "included": bool(reason), "reason": reason})
+        if reason:
+            parts.append(f"## Skill: {skill.name}\n\n{skill.content_md.strip()}")
+        else:
+            listed.append(f"- {skill.name}: {skill.description}")
+    if listed:
+        parts.append("Skills you can load with skill_load:\n" + "\n".join(listed))
+    return "\n\n".join(parts), used
+
+
+def node_finish(invocation_id: int, seq: int, fields: dict) -> None:
+    """Write a node invocation's end (completed, failed or rejected) and the invocation's totals."""
+    values = dict(fields)
+    handoffs = values.pop("handoffs", None) or []
+    values["ended_at"] = now()
+    for key in ("usd_cost",):
+        if key in values:
+            values[key] = Decimal(str(values[key]))
+    with transaction.atomic():
+        NodeInvocation.objects.filter(workflow_invocation_id=invocation_id, seq=seq).update(**values)
+        if handoffs:
+            rows = NodeInvocation.objects.filter(workflow_invocation_id=invocation_id, seq=seq).values_list("pk")[:1]
+            node_pk = rows[0][0] if rows else None
+            Message.objects.bulk_create([
+                Message(workflow_invocation_id=invocation_id, node_invocation_id=node_pk,
+                        seq=message_seq(seq, MESSAGES_PER_NODE - 1 - offset), from_node_id=handoff["from"],
+                        to_node_id=handoff["to"], role=handoff["role"], payload={"text": handoff["text"][:2000]})
+                for offset, handoff in enumerate(handoffs)
+            ], ignore_conflicts=True)
+        _update_totals(invocation_id)
+
+
+def node_await_approval(invocation_id: int, seq: int, run_id: str, signal: str, output: str) -> None:
+    """Mark the node (and the invocation) waiting for an operator's decision on `signal`."""
+    with transaction.atomic():
+        NodeInvocation.objects.filter(workflow_invocation_id=invocation_id, seq=seq).update(
+            status=NodeInvocation.Status.WAITING, output=output,
+            approval={"pending": True, "run_id": run_id, "signal": signal})
+        WorkflowInvocation.objects.filter(pk=invocation_id, status=WorkflowInvocation.Status.RUNNING).update(
+            status=WorkflowInvocation.Status.WAITING, updated_at=now())
+
+
+def node_record_approval(invocation_id: int, seq: int, decision: dict) -> None:
+    with transaction.atomic():
+        NodeInvocation.objects.filter(workflow_invocation_id=invocation_id, seq=seq).update(
+            status=NodeInvocation.Status.RUNNING, approval={**decision, "pending": False})
+        if not NodeInvocation.objects.filter(workflow_invocation_id=invocation_id,
+                                             status=NodeInvocation.Status.WAITING).exists():
+            WorkflowInvocation.objects.filter(pk=invocation_id, status=WorkflowInvocation.Status.WAITING).update(
+                status=WorkflowInvocation.Status.RUNNING, updated_at=now())
+
+
+# -------------------------------------------------------------------------------------- model calls
+
+def llm_call(workspace_id: int, invocation_id: int, node_invocation_id: int, node_seq: int, offset: int,
+             new_messages: list[dict], request: dict) -> dict:
+    """One chat call of a node (through the cache when it is on), and its messages: the request's
+    new messages (the system prompt and user turn on the first round, tool results after) then
+    the answer. Returns {"response": ChatResponse.as_dict(), "cache_hit": bool, "offset": next}."""
+    chat_request = ChatRequest(
+        model=request["model"], messages=request["messages"],
+        tools=tuple(ToolSpec(**tool) for tool in request.get("tools", ())),
+        response_format=request.get("response_format"), temperature=request.get("temperature", 0.0),
+        max_tokens=request.get("max_tokens"),
+    )
+    cache = ChatCache(workspace_id) if workflow_settings().llm_cache_enabled else None
+    started = time.perf_counter()
+    response, hit = chat(chat_request, cache=cache)
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    rows = []
+    for message in new_messages:
+        rows.append(_conversation_message(invocation_id, node_invocation_id, node_seq, offset, message))
+        offset += 1
+    answer = response.as_dict()
+    rows.append(Message(
+        workflow_invocation_id=invocation_id, node_invocation_id=node_invocation_id,
+        seq=message_seq(node_seq, offset), role=Message.Role.ASSISTANT,
+        payload={"content": response.content, "tool_calls": answer.get("tool_calls", []),
+                 "model": response.usage.model, "usage": response.usage.as_dict(), "cache_hit": hit,
+                 "latency_ms": round(elapsed_ms, 2), "purpose": request.get("purpose", "answer")},
+    ))
+    Message.objects.bulk_create(rows, ignore_conflicts=True)
+    return {"response": answer, "cache_hit": hit, "offset": offset + 1, "elapsed_ms": round(elapsed_ms, 3)}
+
+
+def _conversation_message(invocation_id, node_invocation_id, node_seq, offset, message: dict) -> Message:
+    role = message["role"]
+    payload = {"content": message.get("content", "")}
+    if role == "tool":
+        payload["tool_call_id"] = message.get("tool_call_id", "")
+    return Message(workflow_invocation_id=invocation_id, node_invocation_id=node_invocation_id,
+                   seq=message_seq(node_seq, offset), role=role, payload=payload)
+
+
+def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, node_seq: int, offset: int,
+              call: dict, binding: dict | None, user_id: int | None) -> dict:
+    """Run one tool call and write its message. A large output goes to the context store (the model
+    reads its beginning and key). Returns {"content": what the model reads, "error": bool,
+    "context_key": key or None}."""
+    result = _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call, binding, user_id)
+    Message.objects.bulk_create([Message(
+        workflow_invocation_id=invocation_id, node_invocation_id=node_invocation_id,
+        seq=message_seq(node_seq, offset), role=Message.Role.TOOL,
+        payload={"content": result["content"], "tool_call_id": call["id"], "name": call["name"],
+                 "arguments": call.get("arguments") or {}, "error": result["error"],
+                 "context_key": result["context_key"]},
+    )], ignore_conflicts=True)
+    return result
+
+
+def _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call, binding, user_id) -> dict:
+    if binding is None:
+        return {"content": f"error: there is no tool named {call['name']!r}", "error": True, "context_key": None}
+    if call.get("raw") and not call.get("arguments"):
+        return {"content": f"error: the arguments of {call['name']} are not a JSON object: {call['raw'][:200]}",
+                "error": True, "context_key": None}
+    try:
+        outcome = tool_run(binding, call.get("arguments") or {}, workspace_id=workspace_id, user_id=user_id)
+    except ToolError as exc:
+        return {"content": f"error: {exc}", "error": True, "context_key": None}
+    text, error = outcome.text, outcome.error
+    conf = workflow_settings()
+    if len(text) <= conf.context_inline_chars:
+        return {"content": text, "error": error, "context_key": None}
+    key = f"node-{node_seq}-{call['id']}"[:200]
+    entry = context_store(invocation_id, node_invocation_id, key=key, data=text, content_type=outcome.content_type,
+                          metadata={"tool": binding["name"], "arguments": call.get("arguments") or {}})
+    summary = entry.summary
+    content = (f"{summary}\n\n[output of {len(text):,} characters stored in the context store under the key "
+               f"{key!r}; this is its beginning]")
+    return {"content": content, "error": error, "context_key": key}
+
+
+def context_store(invocation_id: int, node_invocation_id: int | None, *, key: str, data: str,
+                  content_type: str = "text/plain", metadata: dict | None = None,
+                  scope: str = ContextEntry.Scope.NODE) -> ContextEntry:
+    """Keep a large value in Django storage with its summary (its beginning, `summary_chars`
+    characters) and metadata in the row. Idempotent on (invocation, scope, key)."""
+    from django.core.files.base import ContentFile
+
+    existing = ContextEntry.objects.filter(workflow_invocation_id=invocation_id, scope=scope, key=key).first()
+    if existing is not None:
+        return existing
+    raw = data.encode()
+    conf = workflow_settings()
+    entry = ContextEntry(workflow_invocation_id=invocation_id, node_invocation_id=node_invocation_id, scope=scope,
+                         key=key, summary=data[:conf.summary_chars], size=len(raw), content_type=content_type,
+                         metadata={**(metadata or {}), "created": now().isoformat(), "size": len(raw),
+                                   "contentType": content_type, "key": key, "scope": scope})
+    entry.data.save(f"{key}.txt", ContentFile(raw), save=False)
+    try:
+        with transaction.atomic():
+            entry.save()
+    except Exception:
+        entry.data.delete(save=False)
+        existing = ContextEntry.objects.filter(workflow_invocation_id=invocation_id, scope=scope, key=key).first()
+        if existing is None:
+            raise
+        return existing
+    return entry
