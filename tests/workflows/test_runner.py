@@ -183,3 +183,88 @@ def test_every_model_call_is_a_checkpointed_step(make_version, invoke):
                  .values_list("name", flat=True))
     assert names == ["begin", "node:1:start", "node:1:llm:0", "node:1:end", "node:2:start", "node:2:llm:0",
                      "node:2:end", "finish"]
+
+
+@pytest.fixture
+def corpus(workspace):
+    """Two indexed documents in the workspace's knowledge base."""
+    from durable.inprocess import run_until_settled
+    from knowledge.services import source_create_text
+
+    texts = {
+        "Durable engine": "The durable engine stores every step checkpoint in Postgres. A crashed worker loses "
+                          "nothing because another worker replays the run from its checkpoints.",
+        "Billing handbook": "Invoices are sent on the first day of each month. Refunds take five business days.",
+    }
+    for title, text in texts.items():
+        source, _ = source_create_text(workspace=workspace, text=text, title=title)
+        run_until_settled(source.ingest_run_id, max_wait=30)
+    return texts
+
+
+def test_knowledge_search_is_called_when_the_prompt_asks_and_the_answer_comes_from_its_hits(
+        make_version, invoke, corpus):
+    asks = make_version(graph("a", node("a", tools=["knowledge_search"],
+                                        prompt="Call knowledge_search before answering. Cite your sources.")))
+    invocation = invoke(asks, {"text": "How long do refunds take?"})
+    assert invocation.status == "completed", invocation.error
+    (ran,) = nodes_of(invocation)
+    assert ran.tool_calls == 1 and ran.llm_calls == 2
+    tool = Message.objects.get(node_invocation=ran, role="tool")
+    assert tool.payload["name"] == "knowledge_search" and "Billing handbook" in tool.payload["content"]
+    assert "Refunds take five business days" in invocation.output["text"]
+    assert "Sources: [1] Billing handbook" in invocation.output["text"]
+
+    # the same node without the tool cannot look anything up: a different, uninformed answer
+    silent = make_version(graph("a", node("a", prompt="Call knowledge_search before answering.")))
+    other = invoke(silent, {"text": "How long do refunds take?"})
+    assert other.status == "completed" and "five business days" not in other.output["text"]
+    assert nodes_of(other)[0].tool_calls == 0
+
+
+def test_a_large_tool_output_goes_to_the_context_store_and_the_node_sees_its_beginning(
+        make_version, invoke, corpus, settings):
+    from workflows.models import ContextEntry
+
+    settings.WORKFLOW_CONTEXT_INLINE_CHARS = 100
+    settings.WORKFLOW_SUMMARY_CHARS = 60
+    version = make_version(graph("a", node("a", tools=["knowledge_search"], prompt="Use knowledge_search.")))
+    invocation = invoke(version, {"text": "What does the durable engine store?"})
+    assert invocation.status == "completed", invocation.error
+    entry = ContextEntry.objects.get(workflow_invocation=invocation)
+    stored = entry.data.read().decode()
+    assert entry.size == len(stored.encode()) > 100 and '"hits"' in stored
+    assert entry.summary == stored[:60] and entry.metadata["tool"] == "knowledge_search"
+    tool = Message.objects.get(workflow_invocation=invocation, role="tool")
+    assert tool.payload["context_key"] == entry.key and entry.key in tool.payload["content"]
+    assert len(tool.payload["content"]) < len(stored)
+
+
+def test_a_skill_the_task_matches_is_included_in_the_prompt_and_others_are_offered(make_version, invoke, workspace):
+    from knowledge.services import skill_create_from_text
+
+    for name, description, trigger in [("refund-policy", "Refund rules for support agents.", "refund"),
+                                       ("tone", "House style for replies.", "style")]:
+        skill_create_from_text(workspace=workspace, content=(
+            f"---\nname: {name}\ndescription: {description}\ntriggers: [{trigger}]\n---\n"
+            f"Body of {name}: always be precise.\n"))
+    version = make_version(graph("a", node("a", prompt="Help the customer.", skills=["refund-policy", "tone"])))
+    invocation = invoke(version, {"text": "Can I get a refund?"})
+    assert invocation.status == "completed", invocation.error
+    system = Message.objects.get(workflow_invocation=invocation, role="system").payload["content"]
+    assert "## Skill: refund-policy" in system and "Body of refund-policy" in system
+    assert "Body of tone" not in system and "- tone: House style for replies." in system
+
+
+def test_a_run_of_another_workspace_cannot_drive_an_invocation(make_version, other_workspace):
+    from durable.inprocess import run_until_settled
+    from durable.services import run_start
+    from workflows.durable_workflows import INVOKE_WORKFLOW
+
+    version = make_version(graph("a", node("a", approval=True)))
+    invocation = invocation_start(version=version, input={"text": "x"})
+    stranger = run_start(workflow=INVOKE_WORKFLOW, input={"invocation_id": invocation.pk},
+                         namespace=other_workspace.namespace)
+    assert run_until_settled(stranger.pk).status == "failed"
+    invocation.refresh_from_db()
+    assert invocation.status == "queued" and not NodeInvocation.objects.filter(workflow_invocation=invocation).exists()
