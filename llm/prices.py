@@ -41,6 +41,7 @@ PRICES: dict[str, Price] = {
     "gpt-4o-mini": _p("0.15", "0.60"),
     "o4-mini": _p("1.10", "4.40"),
     "offline": _p("0"),
+    "offline-directive-v1": _p("0"),  # the deterministic offline chat model (llm/offline_chat.py)
 }
 
 _MILLION = Decimal(1_000_000)

@@ -1,5 +1,5 @@
 """Embedding providers: the offline hasher, and OpenAI through the real `openai` client talking
-HTTP to a local OpenAI-compatible server."""
+HTTP to a local OpenAI-compatible server (the `openai_server` fixture, tests/llm/conftest.py)."""
 
 from decimal import Decimal
 
@@ -54,12 +54,6 @@ def test_default_provider_is_offline_without_a_key(settings):
     provider = get_embedding_provider()
     assert provider.name == "offline"
     assert provider.dimensions == settings.EMBEDDING_DIMENSIONS
-
-
-@pytest.fixture
-def openai_server():
-    with FakeOpenAI(dimensions=384) as server:
-        yield server
 
 
 def _provider(server, **kwargs):

@@ -1,0 +1,317 @@
+"""Chat completions: one request/response shape for every provider, model-name resolution, retries.
+
+    request = ChatRequest(model="gpt-4.1-mini", messages=[{"role": "system", "content": "..."},
+                                                           {"role": "user", "content": "What is Lineage?"}],
+                          tools=(ToolSpec("knowledge_search", "Search the knowledge base", {...}),))
+    response, cached = chat(request, cache=ChatCache(workspace_id))
+    history.append(response.assistant_message())
+
+A model name is written as in a workflow DSL: bare (``gpt-4.1-mini``) or with a provider prefix
+(``openrouter#openai/gpt-4.1-mini``). Which provider answers:
+
+- ``offline#<anything>`` and the bare name ``offline-directive-v1`` always go to the offline model;
+- a prefix that names no configured provider (``settings.LLM_PROVIDERS`` plus the built-in ``openai``
+  and ``offline``) is an ``UnknownModel``, whatever the mode;
+- with ``LLM_PROVIDER = "offline"`` (no API key) every other model is answered by the offline model,
+  so a workflow written for real models runs unchanged, and its usage says so (provider ``offline``,
+  model ``offline-directive-v1``);
+- with ``LLM_PROVIDER = "openai"`` a bare name goes to ``openai`` (``OPENAI_BASE_URL``, which may point at
+  any OpenAI-compatible server) and a prefixed one to that provider's base URL and key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from django.conf import settings
+
+from llm.usage import Usage, record_usage
+
+logger = logging.getLogger("llm.chat")
+
+OFFLINE_PROVIDER = "offline"
+OFFLINE_MODEL = "offline-directive-v1"
+PROVIDER_SEPARATOR = "#"
+
+
+class ChatError(Exception):
+    """The call cannot succeed as asked: bad request, bad key, unknown model or provider."""
+
+
+class TransientChatError(ChatError):
+    """Rate limits, timeouts, lost connections or 5xx answers (still failing after the retries when
+    `chat()` raises it). `retry_after` is the server's Retry-After in seconds, when it sent one."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class UnknownModel(ChatError):
+    """The model name cannot be called on this install; the message names the model and says why."""
+
+
+# -------------------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters: dict  # JSON schema of the arguments
+
+    def as_openai(self) -> dict:
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters or {"type": "object",
+                                                                                   "properties": {}}}}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict  # {} when the model sent arguments that are not a JSON object
+    raw: str = ""  # the arguments exactly as the model sent them
+
+    def as_openai(self) -> dict:
+        arguments = self.raw or json.dumps(self.arguments, ensure_ascii=False, sort_keys=True)
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": arguments}}
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments, "raw": self.raw}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ToolCall:
+        return cls(id=data["id"], name=data["name"], arguments=dict(data.get("arguments") or {}),
+                   raw=data.get("raw", ""))
+
+
+def parse_tool_arguments(raw: str | None) -> dict:
+    """A tool call's arguments as a dict: {} when the model sent no JSON object."""
+    try:
+        value = json.loads(raw or "")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str  # as written in a workflow DSL: "gpt-4.1-mini" or "openrouter#openai/gpt-4.1-mini"
+    messages: list[dict]  # OpenAI chat format: system, user, assistant (with tool_calls), tool messages
+    tools: tuple[ToolSpec, ...] = ()
+    response_format: dict | None = None  # {"type": "json_object"} or {"type": "json_schema", "json_schema": ...}
+    temperature: float = 0.0
+    max_tokens: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.tools, tuple):
+            object.__setattr__(self, "tools", tuple(self.tools))
+
+    def cache_key(self) -> str:
+        """SHA-256 of everything that decides the answer: the provider and model the name resolves to
+        on this install, the messages, tools, response format, temperature and token limit."""
+        return _cache_key(self, resolve_model(self.model))
+
+    def cacheable(self) -> bool:
+        """Only temperature-0 calls are worth caching: at any other temperature the caller asked for variety."""
+        return self.temperature == 0
+
+
+def _cache_key(request: ChatRequest, resolved: ResolvedModel) -> str:
+    payload = {
+        "provider": resolved.provider, "model": resolved.model, "messages": request.messages,
+        "tools": [tool.as_openai() for tool in request.tools], "response_format": request.response_format,
+        "temperature": float(request.temperature), "max_tokens": request.max_tokens,
+    }
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ChatResponse:
+    content: str  # "" when the model only called tools
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)  # provider, the model that answered, tokens, USD
+    latency_ms: float = 0.0
+    finish_reason: str = "stop"
+
+    def assistant_message(self) -> dict:
+        """The OpenAI-format assistant message that records this answer in the history."""
+        message: dict = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["content"] = self.content or None
+            message["tool_calls"] = [call.as_openai() for call in self.tool_calls]
+        return message
+
+    def as_dict(self) -> dict:
+        """A JSON-serialisable form (durable checkpoints, the Postgres cache)."""
+        return {"content": self.content, "tool_calls": [call.as_dict() for call in self.tool_calls],
+                "usage": self.usage.as_dict(), "latency_ms": self.latency_ms, "finish_reason": self.finish_reason}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ChatResponse:
+        return cls(content=data.get("content") or "",
+                   tool_calls=tuple(ToolCall.from_dict(call) for call in data.get("tool_calls") or ()),
+                   usage=Usage.from_dict(data.get("usage") or {}), latency_ms=float(data.get("latency_ms", 0.0)),
+                   finish_reason=data.get("finish_reason") or "stop")
+
+
+# ------------------------------------------------------------------------------------ resolution
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    provider: str  # "offline", "openai" or a name from LLM_PROVIDERS
+    model: str  # the name the provider is asked for (the prefix removed)
+    base_url: str | None
+    api_key: str
+
+
+def _providers() -> dict[str, dict]:
+    """The configured providers: the built-in openai and offline, then LLM_PROVIDERS (which may replace openai)."""
+    providers = {"openai": {"base_url": None, "api_key_env": "OPENAI_API_KEY"}, OFFLINE_PROVIDER: {}}
+    providers.update(getattr(settings, "LLM_PROVIDERS", None) or {})
+    return providers
+
+
+def _api_key(provider: str, entry: dict) -> str | None:
+    """The provider's key, from the environment variable its entry names (OPENAI_API_KEY through its
+    setting); "" when it names none (a local server); None when that variable is unset. The built-in
+    openai provider pointed at another server (OPENAI_BASE_URL) may go without a key."""
+    name = entry.get("api_key_env")
+    if not name:
+        return ""
+    value = settings.OPENAI_API_KEY if name == "OPENAI_API_KEY" else os.environ.get(name, "")
+    if not value.strip() and provider == "openai" and not entry.get("base_url") and settings.OPENAI_BASE_URL:
+        return ""
+    return value.strip() or None
+
+
+def resolve_model(model_name: str) -> ResolvedModel:
+    """Where a call to `model_name` goes on this install (see the module docstring for the rules)."""
+    name = (model_name or "").strip()
+    if not name:
+        raise UnknownModel("The model name is empty.")
+    prefix, separator, model = name.partition(PROVIDER_SEPARATOR)
+    if not separator:
+        prefix, model = "", name
+    prefix = prefix.strip().lower()
+    model = model.strip()
+    if separator and not prefix:
+        raise UnknownModel(f"Model {model_name!r} has an empty provider prefix before {PROVIDER_SEPARATOR!r}.")
+    if not model:
+        raise UnknownModel(f"Model {model_name!r} names no model after {PROVIDER_SEPARATOR!r}.")
+    if prefix == OFFLINE_PROVIDER or (not prefix and model == OFFLINE_MODEL):
+        return ResolvedModel(OFFLINE_PROVIDER, OFFLINE_MODEL, None, "")
+    providers = _providers()
+    if prefix and prefix not in providers:
+        known = ", ".join(sorted(providers))
+        raise UnknownModel(f'Model {model_name!r}: provider "{prefix}" is not configured (LLM_PROVIDERS; '
+                           f"configured: {known}).")
+    if settings.LLM_PROVIDER == OFFLINE_PROVIDER:
+        return ResolvedModel(OFFLINE_PROVIDER, OFFLINE_MODEL, None, "")
+    provider = prefix or "openai"
+    entry = providers[provider]
+    api_key = _api_key(provider, entry)
+    if api_key is None:
+        raise UnknownModel(f'Model {model_name!r}: provider "{provider}" has no API key '
+                           f"(set {entry['api_key_env']}).")
+    base_url = entry.get("base_url")
+    if provider == "openai" and base_url is None:
+        base_url = settings.OPENAI_BASE_URL
+    return ResolvedModel(provider, model, base_url, api_key)
+
+
+def model_problem(model_name: str) -> str | None:
+    """Why `model_name` cannot be called on this install, or None when it can (workflow validation)."""
+    try:
+        resolve_model(model_name)
+    except UnknownModel as exc:
+        return str(exc)
+    return None
+
+
+# ------------------------------------------------------------------------------------- providers
+
+
+class ChatProvider(ABC):
+    name: str
+
+    @abstractmethod
+    def complete(self, request: ChatRequest, resolved: ResolvedModel) -> ChatResponse:
+        """One attempt: the answer, or ChatError / TransientChatError. No retries, no usage recording."""
+
+
+@lru_cache(maxsize=16)
+def _openai_provider(name: str, base_url: str | None, api_key: str, timeout: int) -> ChatProvider:
+    from llm.openai_chat import OpenAIChatProvider
+
+    return OpenAIChatProvider(name=name, base_url=base_url, api_key=api_key, timeout=timeout)
+
+
+def get_chat_provider(resolved: ResolvedModel) -> ChatProvider:
+    """The provider that answers `resolved` (one instance per configuration, shared by the process)."""
+    if resolved.provider == OFFLINE_PROVIDER:
+        from llm.offline_chat import OfflineChatProvider
+
+        return OfflineChatProvider()
+    return _openai_provider(resolved.provider, resolved.base_url, resolved.api_key, settings.LLM_TIMEOUT_SECONDS)
+
+
+_sleep = time.sleep  # replaced by tests
+
+
+def _retry_delay(attempt: int, exc: TransientChatError) -> float:
+    cap = float(settings.LLM_RETRY_BACKOFF_CAP_SECONDS)
+    if exc.retry_after is not None:
+        return min(cap, max(0.0, exc.retry_after))
+    delay = min(cap, float(settings.LLM_RETRY_BACKOFF_SECONDS) * 2 ** (attempt - 1))
+    return delay * (0.5 + random.random() / 2)
+
+
+def _complete_with_retries(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel) -> ChatResponse:
+    retries = int(settings.LLM_MAX_RETRIES)
+    attempt = 0
+    while True:
+        try:
+            return provider.complete(request, resolved)
+        except TransientChatError as exc:
+            attempt += 1
+            if attempt > retries:
+                raise TransientChatError(f"{resolved.provider} model {resolved.model!r} failed after {attempt} "
+                                         f"attempts: {exc}", retry_after=exc.retry_after) from exc
+            delay = _retry_delay(attempt, exc)
+            logger.warning("chat call to %s %r failed (%s), retry %d/%d in %.1fs",
+                           resolved.provider, resolved.model, exc, attempt, retries, delay)
+            _sleep(delay)
+
+
+def chat(request: ChatRequest, *, cache=None) -> tuple[ChatResponse, bool]:
+    """Answer `request`: returns (response, True) from `cache` or (response, False) from the provider.
+
+    `cache` (optional) has get(key) -> dict | None and put(key, request, response); it is asked only for
+    a cacheable (temperature-0) request, and a hit is answered without calling the provider and without
+    recording usage (the response keeps its original usage, so callers see what it cost). A provider
+    call retries transient errors (LLM_MAX_RETRIES, Retry-After or capped exponential backoff) and
+    records its usage with `llm.usage.record_usage`. Raises UnknownModel, ChatError, TransientChatError."""
+    resolved = resolve_model(request.model)
+    key = _cache_key(request, resolved) if cache is not None and request.cacheable() else None
+    if key is not None:
+        hit = cache.get(key)
+        if hit is not None:
+            return ChatResponse.from_dict(hit), True
+    provider = get_chat_provider(resolved)
+    response = _complete_with_retries(provider, request, resolved)
+    record_usage(response.usage)
+    if key is not None:
+        cache.put(key, request, response)
+    return response, False

@@ -1,0 +1,111 @@
+"""Chat completions from OpenAI or any OpenAI-compatible server (vLLM, Ollama, LM Studio, OpenRouter),
+through the official `openai` client. One attempt per call: `llm.chat.chat` owns the retries."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from llm.chat import (
+    ChatError,
+    ChatProvider,
+    ChatRequest,
+    ChatResponse,
+    ResolvedModel,
+    ToolCall,
+    TransientChatError,
+    parse_tool_arguments,
+)
+from llm.usage import Usage, estimate_tokens
+
+# statuses the openai client itself would retry besides 429 and 5xx: a request timeout and a lock conflict
+_TRANSIENT_STATUSES = {408, 409}
+
+
+class OpenAIChatProvider(ChatProvider):
+    """POST /chat/completions with the request's messages, tools (tool_choice "auto"), response format,
+    temperature and max_tokens. Rate limits, timeouts, lost connections and 5xx answers raise
+    TransientChatError (with the server's Retry-After), any other refusal ChatError with its message."""
+
+    def __init__(self, *, name: str = "openai", base_url: str | None = None, api_key: str = "",
+                 timeout: float = 60.0, client=None):
+        import openai
+
+        self.name = name
+        self._openai = openai
+        # the client's own retries are off: chat() retries, honouring Retry-After, and counts every attempt
+        self.client = client or openai.OpenAI(base_url=base_url, api_key=api_key or "no-key", timeout=timeout,
+                                              max_retries=0)
+
+    def complete(self, request: ChatRequest, resolved: ResolvedModel) -> ChatResponse:
+        openai = self._openai
+        kwargs: dict = {"model": resolved.model, "messages": request.messages, "temperature": request.temperature}
+        if request.tools:
+            kwargs["tools"] = [tool.as_openai() for tool in request.tools]
+            kwargs["tool_choice"] = "auto"
+        if request.response_format:
+            kwargs["response_format"] = request.response_format
+        if request.max_tokens is not None:
+            kwargs["max_tokens"] = request.max_tokens
+        started = time.perf_counter()
+        try:
+            completion = self.client.chat.completions.create(**kwargs)
+        except (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError,
+                openai.InternalServerError) as exc:
+            raise TransientChatError(f"{type(exc).__name__}: {_server_message(exc)}",
+                                     retry_after=_retry_after(exc)) from exc
+        except openai.APIStatusError as exc:
+            message = f"{self.name} refused the chat request ({exc.status_code}): {_server_message(exc)}"
+            if exc.status_code in _TRANSIENT_STATUSES:
+                raise TransientChatError(message, retry_after=_retry_after(exc)) from exc
+            raise ChatError(message) from exc
+        except openai.OpenAIError as exc:  # an answer the client could not read
+            raise ChatError(f"{self.name} answered the chat request with something unreadable: {exc}") from exc
+        latency_ms = (time.perf_counter() - started) * 1000
+        if not completion.choices:
+            raise ChatError(f"{self.name} model {resolved.model!r} returned no choices.")
+        choice = completion.choices[0]
+        message = choice.message
+        tool_calls = tuple(
+            ToolCall(id=call.id, name=call.function.name, arguments=parse_tool_arguments(call.function.arguments),
+                     raw=call.function.arguments or "")
+            for call in (message.tool_calls or ()) if getattr(call, "function", None) is not None
+        )
+        content = message.content or ""
+        usage = completion.usage
+        input_tokens = getattr(usage, "prompt_tokens", None)
+        output_tokens = getattr(usage, "completion_tokens", None)
+        if input_tokens is None:  # a server that does not count: estimate, so the cost is not silently zero
+            input_tokens = estimate_tokens(json.dumps(kwargs["messages"], ensure_ascii=False, default=str))
+        if output_tokens is None:
+            output_tokens = estimate_tokens(content + "".join(call.raw for call in tool_calls))
+        return ChatResponse(
+            content=content, tool_calls=tool_calls,
+            usage=Usage.priced(provider=self.name, model=completion.model or resolved.model,
+                               input_tokens=int(input_tokens), output_tokens=int(output_tokens)),
+            latency_ms=latency_ms, finish_reason=choice.finish_reason or ("tool_calls" if tool_calls else "stop"),
+        )
+
+
+def _retry_after(exc) -> float | None:
+    """The wait the server asked for, in seconds (retry-after-ms, else retry-after in seconds)."""
+    response = getattr(exc, "response", None)
+    if response is None:
+        return None
+    for header, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = response.headers.get(header)
+        try:
+            if value:
+                return max(0.0, float(value) / scale)
+        except ValueError:  # an HTTP date: fall back to our own backoff
+            continue
+    return None
+
+
+def _server_message(exc) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+    return str(getattr(exc, "message", None) or exc)

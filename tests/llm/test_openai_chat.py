@@ -1,0 +1,148 @@
+"""The OpenAI chat provider through the real `openai` client, talking HTTP to a local
+OpenAI-compatible server (tests/llm/conftest.py), reached through `llm.chat.chat`."""
+
+import json
+from decimal import Decimal
+
+import pytest
+
+from llm import chat as chat_module
+from llm.chat import ChatError, ChatRequest, ToolSpec, TransientChatError, chat
+from llm.usage import usage_meter
+
+SEARCH = ToolSpec("knowledge_search", "Search the knowledge base.",
+                  {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]})
+JSON_ERROR = {"Content-Type": "application/json"}
+
+
+@pytest.fixture
+def online(settings, openai_server, monkeypatch):
+    """Settings with a key and OPENAI_BASE_URL on the local server; sleeps recorded instead of slept."""
+    settings.LLM_PROVIDER = "openai"
+    settings.OPENAI_API_KEY = "sk-test"
+    settings.OPENAI_BASE_URL = openai_server.url("/v1")
+    settings.LLM_MAX_RETRIES = 3
+    settings.LLM_RETRY_BACKOFF_SECONDS = 0.5
+    settings.LLM_RETRY_BACKOFF_CAP_SECONDS = 10.0
+    sleeps: list[float] = []
+    monkeypatch.setattr(chat_module, "_sleep", sleeps.append)
+    openai_server.sleeps = sleeps
+    return openai_server
+
+
+def _messages(question="What is Lineage?"):
+    return [{"role": "system", "content": "You are concise."}, {"role": "user", "content": question}]
+
+
+def test_plain_answer_with_usage_priced_from_the_table(online):
+    online.chat_replies = [{"content": "Lineage runs durable agent workflows.", "model": "gpt-4.1-mini-2025-04-14",
+                            "usage": {"prompt_tokens": 1000, "completion_tokens": 500}}]
+    with usage_meter() as meter:
+        response, cached = chat(ChatRequest(model="gpt-4.1-mini", messages=_messages(), max_tokens=200))
+    assert not cached
+    assert response.content == "Lineage runs durable agent workflows."
+    assert response.tool_calls == () and response.finish_reason == "stop"
+    # the model that answered (a dated snapshot) is priced as its family: 0.40 in, 1.60 out per million
+    assert response.usage.provider == "openai" and response.usage.model == "gpt-4.1-mini-2025-04-14"
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (1000, 500)
+    assert response.usage.usd_cost == Decimal("0.0012")
+    assert meter.total == response.usage  # recorded once
+    assert response.latency_ms > 0
+    payload = online.chat_payloads[0]
+    assert payload["model"] == "gpt-4.1-mini" and payload["messages"] == _messages()
+    assert payload["temperature"] == 0.0 and payload["max_tokens"] == 200
+    assert "tools" not in payload and "response_format" not in payload
+    assert online.requests[0]["headers"]["authorization"] == "Bearer sk-test"
+
+
+def test_tool_calls_round_trip(online):
+    online.chat_replies = [
+        {"content": None, "tool_calls": [("call_1", "knowledge_search", {"query": "lineage"})]},
+        {"content": "Lineage is a workflow platform [1]."},
+    ]
+    messages = _messages()
+    first, _ = chat(ChatRequest(model="gpt-4.1-mini", messages=messages, tools=(SEARCH,)))
+    assert first.content == "" and first.finish_reason == "tool_calls"
+    (call,) = first.tool_calls
+    assert (call.id, call.name, call.arguments) == ("call_1", "knowledge_search", {"query": "lineage"})
+    sent = online.chat_payloads[0]
+    assert sent["tools"] == [SEARCH.as_openai()] and sent["tool_choice"] == "auto"
+
+    history = [*messages, first.assistant_message(),
+               {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"hits": []})}]
+    second, _ = chat(ChatRequest(model="gpt-4.1-mini", messages=history, tools=(SEARCH,)))
+    assert second.content == "Lineage is a workflow platform [1]."
+    follow_up = online.chat_payloads[1]["messages"]
+    assert follow_up[2] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "knowledge_search", "arguments": '{"query": "lineage"}'}},
+    ]}
+    assert follow_up[3]["role"] == "tool" and follow_up[3]["tool_call_id"] == "call_1"
+
+
+def test_tool_call_with_bad_json_arguments_keeps_the_raw_text(online):
+    online.chat_replies = [{"content": None, "tool_calls": [("call_9", "knowledge_search", "{query: oops")]}]
+    response, _ = chat(ChatRequest(model="gpt-4.1-mini", messages=_messages(), tools=(SEARCH,)))
+    (call,) = response.tool_calls
+    assert call.arguments == {} and call.raw == "{query: oops"
+    assert response.assistant_message()["tool_calls"][0]["function"]["arguments"] == "{query: oops"
+
+
+def test_json_response_format_is_sent_and_answered(online):
+    schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+        "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+    online.chat_replies = [{"content": '{"answer": "durable workflows"}'}]
+    response, _ = chat(ChatRequest(model="gpt-4.1-mini", messages=_messages(), response_format=schema))
+    assert json.loads(response.content) == {"answer": "durable workflows"}
+    assert online.chat_payloads[0]["response_format"] == schema
+
+
+def test_rate_limit_is_retried_after_the_servers_retry_after(online):
+    online.chat_replies = [
+        (429, {**JSON_ERROR, "Retry-After": "2"}, '{"error": {"message": "Rate limit reached"}}'),
+        (503, JSON_ERROR, '{"error": {"message": "overloaded"}}'),
+        {"content": "finally"},
+    ]
+    response, _ = chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()))
+    assert response.content == "finally"
+    assert len(online.chat_payloads) == 3
+    assert online.sleeps[0] == 2.0  # the server's Retry-After
+    assert 0.5 <= online.sleeps[1] <= 1.0  # then backoff: 0.5 * 2**1 with jitter in [50%, 100%]
+
+
+def test_transient_errors_give_up_after_the_retries(online):
+    online.chat_replies = [(429, JSON_ERROR, '{"error": {"message": "slow down"}}')] * 4
+    with pytest.raises(TransientChatError, match=r"after 4 attempts.*slow down"):
+        chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()))
+    assert len(online.chat_payloads) == 4 and len(online.sleeps) == 3
+
+
+def test_bad_request_fails_at_once_with_the_servers_message(online):
+    online.chat_replies = [(400, JSON_ERROR, '{"error": {"message": "Invalid schema for response_format"}}')]
+    with pytest.raises(ChatError, match=r"\(400\): Invalid schema for response_format") as caught:
+        chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()))
+    assert not isinstance(caught.value, TransientChatError)
+    assert online.sleeps == [] and len(online.chat_payloads) == 1
+
+
+def test_provider_prefix_maps_to_its_base_url_and_key(online, settings, monkeypatch):
+    with type(online)() as other:
+        settings.LLM_PROVIDERS = {"local": {"base_url": other.url("/v1"), "api_key_env": "LOCAL_LLM_KEY"}}
+        monkeypatch.setenv("LOCAL_LLM_KEY", "sk-local")
+        other.chat_replies = [{"content": "from the local server", "usage": {"prompt_tokens": 7,
+                                                                             "completion_tokens": 3}}]
+        response, _ = chat(ChatRequest(model="local#qwen2.5:7b", messages=_messages()))
+        assert response.content == "from the local server"
+        assert other.chat_payloads[0]["model"] == "qwen2.5:7b"  # the prefix is not sent
+        assert other.requests[0]["headers"]["authorization"] == "Bearer sk-local"
+        assert online.chat_payloads == []  # the default provider was not asked
+        # a model with no known price is counted in tokens at 0 USD
+        assert response.usage.provider == "local" and response.usage.model == "qwen2.5:7b"
+        assert response.usage.usd_cost == Decimal(0) and response.usage.input_tokens == 7
+
+
+def test_server_without_usage_is_estimated_not_free(online):
+    online.chat_replies = [{"content": "an answer of some length", "usage": None}]
+    response, _ = chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()))
+    assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
+    assert response.usage.usd_cost > 0
