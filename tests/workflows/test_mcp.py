@@ -354,6 +354,38 @@ def test_a_changed_tool_list_supersedes_the_active_version_and_going_back_reacti
     assert list(McpServerVersion.objects.filter(server=registered, status="active")) == [first]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_syncs_of_a_new_manifest_settle_on_one_active_version(registered, monkeypatch):
+    import workflows.mcp_services as services
+    from tests.durable.concurrency import in_thread
+
+    both_discovered = threading.Barrier(2, timeout=20)
+    discover = services.mcp_discover
+
+    def discover_then_race(*args, **kwargs):
+        manifest = discover(*args, **kwargs)
+        both_discovered.wait()  # both hold the same new manifest before either writes
+        return manifest
+
+    def linger_after_the_manifest_lookup(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if "manifest_hash" in sql and sql.lstrip().upper().startswith("SELECT"):
+            time.sleep(0.3)  # what the other sync reads now must not be "no such version yet"
+        return result
+
+    monkeypatch.setattr(services, "mcp_discover", discover_then_race)
+    runs = [in_thread(lambda: mcp_server_sync(server=registered), wrapper=linger_after_the_manifest_lookup)
+            for _ in range(2)]
+    for thread, _ in runs:
+        thread.join(timeout=30)
+    outcomes = [outcome for _, outcome in runs]
+    assert all("value" in outcome for outcome in outcomes), outcomes
+    assert sorted(outcome["value"][1] for outcome in outcomes) == [False, True]
+    assert {outcome["value"][0].pk for outcome in outcomes} == set(
+        McpServerVersion.objects.filter(server=registered).values_list("pk", flat=True))
+    assert McpTool.objects.filter(server_version__server=registered).count() == 5
+
+
 @pytest.mark.django_db
 def test_a_registered_tool_is_called_and_an_unknown_one_is_refused_without_calling(registered, live):
     mcp_server_sync(server=registered)
