@@ -103,7 +103,7 @@ def mcp_check_url(url: str, *, policy: AddressPolicy | None = None,
     """The addresses `url`'s host resolves to, all allowed by `policy`; raises McpError otherwise.
     Resolves the name (or reads a literal address) and connects nowhere."""
     host, port = _parse_url(url)
-    return _checked_addresses(host, port, policy or mcp_address_policy(), resolver or system_resolver, url)
+    return _checked_addresses(host, port, policy or mcp_address_policy(), resolver or system_resolver)
 
 
 def _parse_url(url: str) -> tuple[str, int]:
@@ -121,7 +121,7 @@ def _parse_url(url: str) -> tuple[str, int]:
     return parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
-def _checked_addresses(host: str, port: int, policy: AddressPolicy, resolver: Resolver, url: str) -> list[str]:
+def _checked_addresses(host: str, port: int, policy: AddressPolicy, resolver: Resolver) -> list[str]:
     try:
         addresses = [str(ipaddress.ip_address(host))]
         literal = True
@@ -172,14 +172,13 @@ class _CheckedBackend(httpcore2.AsyncNetworkBackend):
     policy: AddressPolicy
     resolver: Resolver
     watch: _Watch
-    url: str
     inner: httpcore2.AsyncNetworkBackend = field(default_factory=httpcore2.AnyIOBackend)
 
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                           socket_options: Iterable[Any] | None = None) -> httpcore2.AsyncNetworkStream:
         try:
             addresses = await anyio.to_thread.run_sync(
-                _checked_addresses, host, port, self.policy, self.resolver, self.url)
+                _checked_addresses, host, port, self.policy, self.resolver)
         except McpError as exc:
             self.watch.refused = exc
             raise httpcore2.ConnectError(str(exc)) from None
@@ -211,13 +210,13 @@ class _CheckedTransport(httpx2.AsyncHTTPTransport):
             ssl_context=httpx2.create_ssl_context(trust_env=False), network_backend=backend)
 
 
-def _http_client(url: str, headers: Mapping[str, str], timeout: float, policy: AddressPolicy,
+def _http_client(headers: Mapping[str, str], timeout: float, policy: AddressPolicy,
                  resolver: Resolver, watch: _Watch) -> httpx2.AsyncClient:
     async def note_status(response: httpx2.Response) -> None:
         if response.status_code >= 400:
             watch.status = response.status_code
 
-    backend = _CheckedBackend(policy=policy, resolver=resolver, watch=watch, url=url)
+    backend = _CheckedBackend(policy=policy, resolver=resolver, watch=watch)
     return httpx2.AsyncClient(
         headers=dict(headers), timeout=httpx2.Timeout(timeout), transport=_CheckedTransport(backend),
         trust_env=False, event_hooks={"response": [note_status]},
@@ -246,7 +245,7 @@ def _session(url: str, headers: Mapping[str, str] | None, timeout: float, policy
 
     async def go() -> T:
         with anyio.fail_after(timeout):
-            async with _http_client(url, headers, timeout, policy, resolver, watch) as http:
+            async with _http_client(headers, timeout, policy, resolver, watch) as http:
                 transport = streamable_http_client(url, http_client=http)
                 async with Client(transport, read_timeout_seconds=timeout, client_info=CLIENT_INFO,
                                   cache=None) as client:
