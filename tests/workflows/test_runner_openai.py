@@ -1,0 +1,162 @@
+"""The runner with the OpenAI provider: the real `openai` client over HTTP to a local
+OpenAI-compatible server (tests/llm/conftest.py), in-process and on real Celery workers."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from decimal import Decimal
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from django.db import connection
+
+from config.services import BASE_DIR, stop_process_groups
+from durable import tick
+from durable.models import StepCheckpoint
+from llm.prices import cost_usd
+from tests.llm.conftest import FakeOpenAIChat
+from tests.workflows.conftest import graph, node
+from workflows.models import Message, NodeInvocation, WorkflowInvocation
+from workflows.services import invocation_start
+
+
+@pytest.fixture
+def chat_server(settings):
+    with FakeOpenAIChat() as server:
+        settings.LLM_PROVIDER = "openai"
+        settings.OPENAI_API_KEY = "sk-test"
+        settings.OPENAI_BASE_URL = server.url("/v1")
+        settings.LLM_MAX_RETRIES = 0
+        yield server
+
+
+@pytest.mark.django_db
+def test_a_node_calls_a_tool_through_the_openai_client_and_answers_from_its_result(
+        chat_server, make_version, invoke, workspace):
+    from durable.inprocess import run_until_settled
+    from knowledge.services import source_create_text
+
+    source, _ = source_create_text(workspace=workspace, title="Billing handbook",
+                                   text="Refunds take five business days. Invoices are sent monthly.")
+    run_until_settled(source.ingest_run_id, max_wait=30)
+    chat_server.chat_replies = [
+        {"tool_calls": [("call_1", "knowledge_search", {"query": "refund delay"})],
+         "usage": {"prompt_tokens": 120, "completion_tokens": 20}},
+        {"content": "Refunds take five business days.", "usage": {"prompt_tokens": 300, "completion_tokens": 8}},
+    ]
+    version = make_version(graph("a", node("a", prompt="Answer billing questions.", tools=["knowledge_search"])))
+    invocation = invoke(version, {"text": "How long is a refund?"})
+    assert invocation.status == "completed", invocation.error
+    assert invocation.output["text"] == "Refunds take five business days."
+    first, second = chat_server.chat_payloads
+    assert first["model"] == "gpt-4.1-mini" and first["tools"][0]["function"]["name"] == "knowledge_search"
+    assert first["messages"][0] == {"role": "system", "content": "Answer billing questions."}
+    tool_message = second["messages"][-1]
+    assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_1"
+    assert json.loads(tool_message["content"])["hits"][0]["title"] == "Billing handbook"
+    (ran,) = NodeInvocation.objects.filter(workflow_invocation=invocation)
+    assert (ran.input_tokens, ran.output_tokens, ran.llm_calls, ran.tool_calls) == (420, 28, 2, 1)
+    expected = cost_usd("gpt-4.1-mini", input_tokens=120, output_tokens=20) + cost_usd(
+        "gpt-4.1-mini", input_tokens=300, output_tokens=8)
+    assert ran.usd_cost == invocation.usd_cost == expected > Decimal(0)
+    roles = list(Message.objects.filter(node_invocation=ran).order_by("seq").values_list("role", flat=True))
+    assert roles == ["data", "system", "user", "assistant", "tool", "assistant", "result"]
+
+
+@pytest.mark.django_db
+def test_a_routing_choice_outside_the_hand_offs_fails_the_node_with_that_error(chat_server, make_version, invoke):
+    chat_server.chat_replies = [{"content": "triaged"}, {"content": json.dumps({"next": "nowhere", "reason": "?"})}]
+    version = make_version(graph("router", node("router", handoffs=["a", "b"], kind="conditional"), node("a"),
+                                 node("b")))
+    invocation = invoke(version, {"text": "route me"})
+    assert invocation.status == "failed"
+    (router,) = NodeInvocation.objects.filter(workflow_invocation=invocation)
+    assert router.status == "failed" and "'nowhere'" in router.error and "a, b" in router.error
+    assert chat_server.chat_payloads[1]["response_format"]["json_schema"]["schema"]["properties"]["next"]["enum"] \
+        == ["a", "b"]
+
+
+@pytest.mark.django_db
+def test_a_provider_error_is_recorded_on_the_node_and_the_invocation(chat_server, make_version, invoke):
+    chat_server.chat_replies = [(400, {"Content-Type": "application/json"},
+                                 json.dumps({"error": {"message": "model gpt-4.1-mini does not exist"}}))]
+    version = make_version(graph("a", node("a")))
+    invocation = invoke(version, {"text": "x"})
+    assert invocation.status == "failed" and "does not exist" in invocation.error
+    (ran,) = NodeInvocation.objects.filter(workflow_invocation=invocation)
+    assert ran.status == "failed" and "does not exist" in ran.error
+
+
+# ------------------------------------------------------------------------------ a worker killed mid-call
+
+def _test_database_url() -> str:
+    parts = urlsplit(os.environ["DATABASE_URL"])
+    return urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"]))
+
+
+def _worker(name: str, base_url: str) -> subprocess.Popen:
+    env = {**os.environ, "DATABASE_URL": _test_database_url(), "DURABLE_LEASE_SECONDS": "2",
+           "DURABLE_STEP_DEFAULT_TIMEOUT": "3", "LLM_PROVIDER": "openai", "OPENAI_API_KEY": "sk-test",
+           "OPENAI_BASE_URL": base_url, "LLM_CACHE_ENABLED": "false", "LLM_MAX_RETRIES": "0"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "turns,steps", "-c", "1", "--pool",
+         "prefork", "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"{name}@%h",
+         "--loglevel", "WARNING"], cwd=BASE_DIR, env=env, start_new_session=True)
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_mid_invocation_resumes_without_repeating_a_completed_model_call(
+        make_version, settings, tmp_path):
+    """Three nodes, one model call each. The server holds the third call open; the worker making it is
+    SIGKILLed; a second worker resumes the invocation. The two completed calls reach the server once
+    each; only the call that never completed is made again."""
+    settings.DURABLE_LEASE_SECONDS = 2
+    settings.DURABLE_STEP_DEFAULT_TIMEOUT = 3
+    third_call_started = threading.Event()
+    hold = threading.Event()
+
+    with FakeOpenAIChat() as server:
+        original = server.routes["/v1/chat/completions"]
+        received = []  # system prompts, counted as each request arrives
+
+        def slow_third_node(handler, body):
+            received.append(json.loads(body)["messages"][0]["content"])
+            if b"Node three." in body and not hold.is_set():
+                hold.set()
+                third_call_started.set()
+                time.sleep(30)  # the worker is killed while it waits for this answer
+            return original(handler, body)
+
+        server.routes["/v1/chat/completions"] = slow_third_node
+        version = make_version(graph("one", node("one", prompt="Node one.", handoffs=["two"]),
+                                     node("two", prompt="Node two.", handoffs=["three"]),
+                                     node("three", prompt="Node three.", handoffs=["end"])))
+        settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+        settings.OPENAI_BASE_URL = server.url("/v1")
+        invocation = invocation_start(version=version, input={"text": "go"})
+        workers = [_worker("first", server.url("/v1"))]
+        try:
+            assert third_call_started.wait(60), "the first worker never reached the third node"
+            os.killpg(workers[0].pid, signal.SIGKILL)
+            workers[0].wait(10)
+            workers.append(_worker("second", server.url("/v1")))
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                invocation.refresh_from_db()
+                if invocation.status in WorkflowInvocation.TERMINAL:
+                    break
+                tick.tick()
+                time.sleep(0.3)
+        finally:
+            stop_process_groups(workers, timeout=20)
+        assert invocation.status == "completed", invocation.error
+        assert received.count("Node one.") == 1 and received.count("Node two.") == 1
+        assert received.count("Node three.") == 2  # the call in flight when the worker died, then its redo
+        calls = StepCheckpoint.objects.filter(run_id=invocation.durable_run_id, name__contains=":llm:")
+        assert calls.count() == 3 and set(calls.values_list("status", flat=True)) == {"completed"}
+        assert NodeInvocation.objects.filter(workflow_invocation=invocation).count() == 3

@@ -1,0 +1,74 @@
+"""Demo workflows for `manage.py seed_demo`: two workflows over the demo knowledge base, and one
+invocation of each, started as durable runs that the worker finishes in the background (seen in
+the admin under Workflows > Invocations). Idempotent: the same DSL is the same version, and a
+version that already has an invocation gets no other."""
+
+from __future__ import annotations
+
+from workflows.models import Workflow, WorkflowInvocation
+from workflows.services import invocation_start, workflow_create, workflow_version_create
+
+MODEL = "gpt-4.1-mini"  # answered by the offline model when no OPENAI_API_KEY is set
+
+RESEARCH = {
+    "entryNodeId": "scope",
+    "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
+    "nodes": [
+        {"nodeId": "scope", "description": "Splits the question between two researchers.", "modelName": MODEL,
+         "systemPrompt": "Restate the question in one sentence for the researchers. Answer in one sentence.",
+         "handOffs": ["engine_research", "cost_research"], "handOffType": "parallel"},
+        {"nodeId": "engine_research", "description": "Finds how the durable engine behaves.", "modelName": MODEL,
+         "systemPrompt": "You research the durable engine. Call knowledge_search before answering. "
+                         "Quote the retrieved passage.",
+         "codeTools": ["knowledge_search"], "handOffs": ["writer"]},
+        {"nodeId": "cost_research", "description": "Finds what the work costs.", "modelName": MODEL,
+         "systemPrompt": "You research costs and tokens. Call knowledge_search before answering. Cite your sources.",
+         "codeTools": ["knowledge_search"], "handOffs": ["writer"]},
+        {"nodeId": "writer", "description": "Writes the brief from both findings.", "modelName": MODEL,
+         "systemPrompt": "Write a short brief from the researchers' findings. Answer as a bullet list.",
+         "waitFor": ["engine_research", "cost_research"], "handOffs": ["end"]},
+    ],
+}
+
+SUPPORT = {
+    "entryNodeId": "triage",
+    "nodes": [
+        {"nodeId": "triage", "description": "Reads the question and routes it.", "modelName": MODEL,
+         "systemPrompt": "Classify the question in one sentence. Answer in one sentence.",
+         "handOffs": ["engine_expert", "knowledge_expert", "end"], "handOffType": "conditional"},
+        {"nodeId": "engine_expert",
+         "description": "durable engine runs, steps, checkpoints, crashes, workers, retries, signals and timers",
+         "modelName": MODEL, "codeTools": ["knowledge_search"],
+         "systemPrompt": "You answer questions about the durable engine. Call knowledge_search before answering. "
+                         "Cite your sources.",
+         "handOffs": ["end"]},
+        {"nodeId": "knowledge_expert",
+         "description": "knowledge base documents, ingestion, chunks, embeddings and search",
+         "modelName": MODEL, "codeTools": ["knowledge_search"],
+         "systemPrompt": "You answer questions about the knowledge base. Call knowledge_search before answering. "
+                         "Cite your sources.",
+         "handOffs": ["end"]},
+    ],
+}
+
+DEMOS = [
+    ("Research brief (parallel fan)", "Two researchers search the knowledge base at once; a writer joins them.",
+     RESEARCH, {"text": "What happens to a durable run when a worker crashes, and what does a model call cost?"}),
+    ("Support router (conditional)", "A triage node routes each question to the right expert.",
+     SUPPORT, {"text": "What happens to the checkpoints of a run when a worker crashes?"}),
+]
+
+
+def seed(stdout) -> None:
+    from knowledge.demo import demo_workspace
+
+    workspace = demo_workspace()
+    for name, description, dsl, example in DEMOS:
+        workflow = Workflow.objects.filter(workspace=workspace, name=name).first() or workflow_create(
+            workspace=workspace, name=name, description=description)
+        version, created = workflow_version_create(workflow=workflow, dsl=dsl, commit_message="demo seed")
+        started = ""
+        if not WorkflowInvocation.objects.filter(workflow_version=version).exists():
+            invocation = invocation_start(version=version, input=example)
+            started = f"; invocation {invocation.pk} started (the worker runs it)"
+        stdout.write(f"workflows: {name!r} version {version.pk} {'created' if created else 'unchanged'}{started}")
