@@ -273,7 +273,7 @@ def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, no
 def _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call, binding, user_id) -> dict:
     if binding is None:
         return {"content": f"error: there is no tool named {call['name']!r}", "error": True, "context_key": None}
-    if call.get("raw") and not call.get("arguments"):
+    if call.get("raw") and not call.get("arguments") and not _is_json_object(call["raw"]):
         return {"content": f"error: the arguments of {call['name']} are not a JSON object: {call['raw'][:200]}",
                 "error": True, "context_key": None}
     try:
@@ -291,6 +291,13 @@ def _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call
     content = (f"{summary}\n\n[output of {len(text):,} characters stored in the context store under the key "
                f"{key!r}; this is its beginning]")
     return {"content": content, "error": error, "context_key": key}
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def context_store(invocation_id: int, node_invocation_id: int | None, *, key: str, data: str,

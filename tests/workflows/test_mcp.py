@@ -508,3 +508,46 @@ def test_the_command_reports_errors_clearly(workspace, live):
         run("down", "--timeout", "5")
     with pytest.raises(CommandError, match="--register needs"):
         run("--register", "--workspace", "acme")
+
+
+def test_a_workflow_node_calls_an_mcp_tool_with_the_invoking_users_secret_headers(registered, live, owner):
+    """A node naming `tools/lookup` and `tools/whoami` is offered them as `tools__lookup` and
+    `tools__whoami`; the offline model calls the ones its prompt names; the call carries the
+    invoking user's secret headers."""
+    import json
+
+    from durable.inprocess import run_until_settled
+    from workflows.models import Message, UserServerConfig, WorkflowInvocation
+    from workflows.services import invocation_start, workflow_create, workflow_version_create
+
+    mcp_server_sync(server=registered)
+    UserServerConfig.objects.create(user=owner, server=registered, secrets=json.dumps({"Authorization": TOKEN}))
+    workflow = workflow_create(workspace=registered.workspace, name="glossary")
+    version, _ = workflow_version_create(workflow=workflow, dsl={"entryNodeId": "a", "nodes": [{
+        "nodeId": "a", "modelName": "gpt-4.1-mini", "mcpTools": ["tools/lookup", "tools/whoami"],
+        "systemPrompt": "Call tools__whoami before answering. Then use tools__lookup."}]})
+    invocation = invocation_start(version=version, input={"text": "pgvector"}, user=owner)
+    run_until_settled(invocation.durable_run_id, max_wait=30)
+    invocation.refresh_from_db()
+    assert invocation.status == WorkflowInvocation.Status.COMPLETED, invocation.error
+    tools = list(Message.objects.filter(workflow_invocation=invocation, role="tool").order_by("seq")
+                 .values_list("payload", flat=True))
+    assert [(t["name"], t["content"], t["error"]) for t in tools] == [
+        ("tools__whoami", "authorized", False),
+        ("tools__lookup", "vector similarity search for Postgres", False),
+    ]
+    assert tools[1]["arguments"] == {"term": "pgvector"}
+    assert "vector similarity search for Postgres" in invocation.output["text"]
+
+
+def test_an_invocation_naming_an_unsynced_mcp_server_is_refused(registered):
+    from workflows.services import InvocationRefused, invocation_start, workflow_create, workflow_version_create
+
+    workflow = workflow_create(workspace=registered.workspace, name="unsynced")
+    version, _ = workflow_version_create(workflow=workflow, dsl={"entryNodeId": "a", "nodes": [{
+        "nodeId": "a", "modelName": "gpt-4.1-mini", "mcpTools": ["tools"]}]})
+    with pytest.raises(InvocationRefused) as refused:
+        invocation_start(version=version, input={})
+    assert refused.value.errors["tools"][0].startswith("a.tools ")
+    mcp_server_sync(server=registered)
+    invocation_start(version=version, input={})  # synced: accepted
