@@ -16,4 +16,6 @@ app.conf.beat_schedule = {
     "durable-tick": {"task": "durable.tick", "schedule": 1.0, "options": {"expires": 5}},
     # retention policies and buffered-event pruning do not need to be any faster than this
     "durable-retention": {"task": "durable.retention", "schedule": 60.0, "options": {"expires": 50}},
+    # workflow invocations whose durable run was cancelled or declared dead elsewhere take its end
+    "workflows-reconcile": {"task": "workflows.reconcile", "schedule": 30.0, "options": {"expires": 25}},
 }

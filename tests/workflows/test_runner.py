@@ -268,3 +268,32 @@ def test_a_run_of_another_workspace_cannot_drive_an_invocation(make_version, oth
     assert run_until_settled(stranger.pk).status == "failed"
     invocation.refresh_from_db()
     assert invocation.status == "queued" and not NodeInvocation.objects.filter(workflow_invocation=invocation).exists()
+
+
+def test_cancelling_an_invocation_cancels_its_run_and_ends_its_waiting_node(make_version, settle):
+    from workflows.services import invocation_cancel
+
+    version = make_version(graph("a", node("a", approval=True)))
+    invocation = settle(invocation_start(version=version, input={"text": "x"}))
+    assert invocation.status == "waiting"
+    assert invocation_cancel(invocation=invocation, reason="not needed") is True
+    assert invocation.status == "cancelled" and invocation.error == "not needed" and invocation.ended_at
+    assert DurableRun.objects.get(pk=invocation.durable_run_id).status == "cancelled"
+    assert [n.status for n in nodes_of(invocation)] == ["failed"]
+    assert invocation_cancel(invocation=invocation) is False
+
+
+def test_an_invocation_whose_run_ended_elsewhere_takes_its_end(make_version, settle):
+    from durable.services import run_cancel
+    from workflows.execution import invocations_reconcile
+
+    version = make_version(graph("a", node("a", approval=True)))
+    cancelled = settle(invocation_start(version=version, input={"text": "x"}))
+    waiting = settle(invocation_start(version=version, input={"text": "y"}))
+    run_cancel(run_id=cancelled.durable_run_id, reason="from the durable admin")
+    assert invocations_reconcile() == 1
+    cancelled.refresh_from_db()
+    waiting.refresh_from_db()
+    assert cancelled.status == "cancelled" and cancelled.durable_run_id in cancelled.error
+    assert waiting.status == "waiting"
+    assert invocations_reconcile() == 0
