@@ -71,3 +71,36 @@ def test_unknown_references_are_clear_errors(workspace):
         run("export", "abc")
     with pytest.raises(CommandError, match="No workspace"):
         run("import", str(SEED_FILE), "--workspace", "nowhere")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_prints_each_node_then_the_output(workspace):
+    from tests.workflows.conftest import graph, node
+    from workflows.services import workflow_create, workflow_version_create
+
+    workflow = workflow_create(workspace=workspace, name="two steps")
+    version, _ = workflow_version_create(workflow=workflow, dsl=graph(
+        "plan", node("plan", prompt="Answer in one sentence.", handoffs=["write"]),
+        node("write", prompt="Answer as a bullet list.", handoffs=["end"])))
+    out = run("run", str(version.pk), "--input", json.dumps({"text": "What is a durable run?"}))
+    assert "[1] plan: completed (offline-directive-v1, 1 calls" in out and "-> write" in out
+    assert "[2] write: completed" in out and "-> end" in out
+    assert "completed: 2 node invocations, 2 model calls" in out
+    assert out.rstrip().splitlines()[-1].startswith("- ")  # the writer's bullet list is the output
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_refuses_bad_input_and_a_version_that_cannot_run(workspace):
+    from tests.workflows.conftest import graph, node
+    from workflows.services import workflow_create, workflow_version_create
+
+    workflow = workflow_create(workspace=workspace, name="lacking")
+    version, _ = workflow_version_create(workflow=workflow, dsl=graph("a", node("a", tools=["tavily"])))
+    with pytest.raises(CommandError, match="--input is not JSON"):
+        run("run", str(version.pk), "--input", "{nope")
+    with pytest.raises(CommandError, match=r"tools: a\.tavily"):
+        run("run", str(version.pk))
+    with pytest.raises(CommandError, match="node budget exceeded"):
+        cyclic, _ = workflow_version_create(workflow=workflow, dsl=graph(
+            "a", node("a", handoffs=["b"]), node("b", handoffs=["a"])))
+        run("run", str(cyclic.pk), "--node-budget", "3")
