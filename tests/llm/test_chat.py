@@ -1,0 +1,264 @@
+"""The chat interface: which provider a model name reaches, the cache hook, retries, and the
+request/response shapes the workflow runner stores."""
+
+import json
+from decimal import Decimal
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from config.settings.llm import _providers
+from llm import chat as chat_module
+from llm.chat import (
+    ChatError,
+    ChatProvider,
+    ChatRequest,
+    ChatResponse,
+    ResolvedModel,
+    ToolCall,
+    ToolSpec,
+    TransientChatError,
+    UnknownModel,
+    chat,
+    model_problem,
+    resolve_model,
+)
+from llm.usage import Usage, usage_meter
+
+OFFLINE = ResolvedModel("offline", "offline-directive-v1", None, "")
+MESSAGES = [{"role": "system", "content": "Answer in one sentence."},
+            {"role": "user", "content": "Lineage keeps every version. What does Lineage keep?"}]
+
+
+@pytest.fixture
+def offline_mode(settings):
+    settings.LLM_PROVIDER = "offline"
+    settings.LLM_PROVIDERS = {"openrouter": {"base_url": "https://openrouter.example/api/v1",
+                                             "api_key_env": "OPENROUTER_API_KEY"}}
+    return settings
+
+
+@pytest.fixture
+def online_mode(settings, monkeypatch):
+    settings.LLM_PROVIDER = "openai"
+    settings.OPENAI_API_KEY = "sk-openai"
+    settings.OPENAI_BASE_URL = "http://127.0.0.1:9/v1"
+    settings.LLM_PROVIDERS = {"openrouter": {"base_url": "https://openrouter.example/api/v1",
+                                             "api_key_env": "OPENROUTER_API_KEY"}}
+    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-router")
+    return settings
+
+
+# ------------------------------------------------------------------------------------ resolution
+
+
+def test_offline_mode_answers_every_bare_or_configured_model_offline(offline_mode):
+    for name in ("gpt-4.1-mini", "openai#gpt-4.1", "openrouter#openai/gpt-4.1-mini", "offline#anything",
+                 "offline-directive-v1", "OpenRouter#x"):
+        assert resolve_model(name) == OFFLINE, name
+        assert model_problem(name) is None
+
+
+def test_an_unconfigured_prefix_is_an_unknown_model_in_both_modes(offline_mode, monkeypatch):
+    expected = 'provider "acme" is not configured (LLM_PROVIDERS'
+    assert expected in model_problem("acme#big-model")
+    with pytest.raises(UnknownModel, match="'acme#big-model'"):
+        resolve_model("acme#big-model")
+    offline_mode.LLM_PROVIDER = "openai"
+    offline_mode.OPENAI_API_KEY = "sk-openai"
+    assert expected in model_problem("acme#big-model")
+
+
+def test_online_mode_maps_prefixes_to_providers(online_mode):
+    assert resolve_model("gpt-4.1-mini") == ResolvedModel("openai", "gpt-4.1-mini", "http://127.0.0.1:9/v1",
+                                                          "sk-openai")
+    assert resolve_model("openai#gpt-4o") == ResolvedModel("openai", "gpt-4o", "http://127.0.0.1:9/v1", "sk-openai")
+    assert resolve_model("openrouter#openai/gpt-4.1-mini") == ResolvedModel(
+        "openrouter", "openai/gpt-4.1-mini", "https://openrouter.example/api/v1", "sk-router")
+    # the offline model stays reachable by name
+    assert resolve_model("offline-directive-v1") == OFFLINE
+    assert resolve_model("offline#gpt-4.1-mini") == OFFLINE
+
+
+def test_a_provider_without_its_key_is_a_model_problem(online_mode, monkeypatch):
+    monkeypatch.delenv("OPENROUTER_API_KEY")
+    assert model_problem("openrouter#x") == ("Model 'openrouter#x': provider \"openrouter\" has no API key "
+                                             "(set OPENROUTER_API_KEY).")
+    # a server that needs no key names no variable
+    online_mode.LLM_PROVIDERS = {"ollama": {"base_url": "http://127.0.0.1:11434/v1", "api_key_env": None}}
+    assert resolve_model("ollama#qwen2.5").api_key == ""
+
+
+def test_malformed_model_names():
+    assert model_problem("") == "The model name is empty."
+    assert "empty provider prefix" in model_problem("#gpt-4.1")
+    assert "names no model" in model_problem("openai#")
+
+
+def test_provider_settings_are_validated():
+    assert _providers("") == {}
+    assert _providers('{"local": {"base_url": "http://127.0.0.1:8000/v1"}}') == {
+        "local": {"base_url": "http://127.0.0.1:8000/v1", "api_key_env": None}}
+    for raw, message in [
+        ("[1]", "must be a JSON object"), ("{", "not valid JSON"),
+        ('{"offline": {"base_url": "http://x"}}', "cannot be replaced"),
+        ('{"local": {"base_url": "ftp://x"}}', "http\\(s\\) URL"),
+        ('{"local": {}}', "base_url is required"),
+        ('{"local": {"base_url": "http://x", "key": "sk"}}', "base_url and api_key_env only"),
+        ('{"Local Server": {"base_url": "http://x"}}', "lower-case"),
+    ]:
+        with pytest.raises(ImproperlyConfigured, match=message):
+            _providers(raw)
+
+
+# ---------------------------------------------------------------------------------------- shapes
+
+
+def test_request_and_response_shapes():
+    spec = ToolSpec("knowledge_search", "Search.", {"type": "object", "properties": {"query": {"type": "string"}}})
+    assert spec.as_openai() == {"type": "function", "function": {
+        "name": "knowledge_search", "description": "Search.", "parameters": spec.parameters}}
+    request = ChatRequest(model="m", messages=[], tools=[spec])
+    assert request.tools == (spec,) and request.cacheable()
+    assert not ChatRequest(model="m", messages=[], temperature=0.7).cacheable()
+
+    call = ToolCall(id="call_1", name="knowledge_search", arguments={"query": "x"}, raw='{"query": "x"}')
+    response = ChatResponse(content="", tool_calls=(call,), finish_reason="tool_calls", latency_ms=12.5,
+                            usage=Usage.priced(provider="openai", model="gpt-4.1-mini", input_tokens=1000,
+                                               output_tokens=10))
+    assert response.assistant_message() == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "knowledge_search", "arguments": '{"query": "x"}'}}]}
+    assert ChatResponse(content="hi").assistant_message() == {"role": "assistant", "content": "hi"}
+    # a JSON round trip (durable checkpoints, the Postgres cache) gives the same response
+    assert ChatResponse.from_dict(json.loads(json.dumps(response.as_dict()))) == response
+    assert response.usage.usd_cost == Decimal("0.000416")
+
+
+def test_cache_key_covers_what_decides_the_answer(offline_mode):
+    base = ChatRequest(model="gpt-4.1-mini", messages=MESSAGES)
+    key = base.cache_key()
+    assert len(key) == 64 and key == ChatRequest(model="gpt-4.1-mini", messages=json.loads(json.dumps(MESSAGES))
+                                                 ).cache_key()
+    # offline, both names reach the same model: the same answer, the same key
+    assert ChatRequest(model="gpt-4o", messages=MESSAGES).cache_key() == key
+    others = [
+        ChatRequest(model="gpt-4.1-mini", messages=MESSAGES[1:]),
+        ChatRequest(model="gpt-4.1-mini", messages=MESSAGES, tools=(ToolSpec("t", "", {}),)),
+        ChatRequest(model="gpt-4.1-mini", messages=MESSAGES, response_format={"type": "json_object"}),
+        ChatRequest(model="gpt-4.1-mini", messages=MESSAGES, max_tokens=10),
+        ChatRequest(model="gpt-4.1-mini", messages=MESSAGES, temperature=0.5),
+    ]
+    assert len({key, *(request.cache_key() for request in others)}) == 6
+    offline_mode.LLM_PROVIDER = "openai"
+    offline_mode.OPENAI_API_KEY = "sk"
+    assert base.cache_key() != key  # a real model answers now
+
+
+# ----------------------------------------------------------------------------------------- cache
+
+
+class MemoryCache:
+    def __init__(self):
+        self.rows: dict[str, dict] = {}
+        self.gets = 0
+
+    def get(self, key):
+        self.gets += 1
+        return self.rows.get(key)
+
+    def put(self, key, request, response):
+        self.rows[key] = response.as_dict()
+
+
+def test_a_cache_hit_answers_without_calling_or_recording(offline_mode):
+    cache = MemoryCache()
+    request = ChatRequest(model="gpt-4.1-mini", messages=MESSAGES)
+    with usage_meter() as meter:
+        first, cached = chat(request, cache=cache)
+    assert not cached and first.content == "Lineage keeps every version."
+    assert first.usage.provider == "offline" and first.usage.model == "offline-directive-v1"
+    assert list(cache.rows) == [request.cache_key()] and meter.total.calls == 1
+
+    with usage_meter() as meter:
+        again, cached = chat(request, cache=cache)
+    assert cached and again == first  # the original usage, so callers see what it would have cost
+    assert meter.records == []
+
+
+def test_a_request_at_a_higher_temperature_skips_the_cache(offline_mode):
+    cache = MemoryCache()
+    request = ChatRequest(model="gpt-4.1-mini", messages=MESSAGES, temperature=0.7)
+    with usage_meter() as meter:
+        assert chat(request, cache=cache)[1] is False
+        assert chat(request, cache=cache)[1] is False
+    assert cache.gets == 0 and cache.rows == {} and meter.total.calls == 2
+
+
+def test_an_unknown_model_fails_before_the_cache(offline_mode):
+    cache = MemoryCache()
+    with pytest.raises(UnknownModel):
+        chat(ChatRequest(model="acme#x", messages=MESSAGES), cache=cache)
+    assert cache.gets == 0
+
+
+# --------------------------------------------------------------------------------------- retries
+
+
+class ScriptedProvider(ChatProvider):
+    name = "scripted"
+
+    def __init__(self, outcomes):
+        self.outcomes = list(outcomes)
+        self.calls = 0
+
+    def complete(self, request, resolved):
+        self.calls += 1
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+
+@pytest.fixture
+def scripted(settings, monkeypatch):
+    settings.LLM_PROVIDER = "offline"
+    settings.LLM_MAX_RETRIES = 3
+    settings.LLM_RETRY_BACKOFF_SECONDS = 1.0
+    settings.LLM_RETRY_BACKOFF_CAP_SECONDS = 3.0
+    sleeps: list[float] = []
+    monkeypatch.setattr(chat_module, "_sleep", sleeps.append)
+
+    def install(*outcomes):
+        provider = ScriptedProvider(outcomes)
+        monkeypatch.setattr(chat_module, "get_chat_provider", lambda resolved: provider)
+        return provider
+
+    install.sleeps = sleeps
+    return install
+
+
+def test_transient_errors_are_retried_with_capped_exponential_backoff(scripted):
+    answer = ChatResponse(content="done", usage=Usage.priced(provider="x", model="gpt-4.1-mini", input_tokens=5))
+    provider = scripted(TransientChatError("timeout"), TransientChatError("timeout"),
+                        TransientChatError("rate limited", retry_after=60), answer)
+    with usage_meter() as meter:
+        response, cached = chat(ChatRequest(model="gpt-4.1-mini", messages=MESSAGES))
+    assert (response, cached, provider.calls) == (answer, False, 4)
+    first, second, third = scripted.sleeps
+    assert 0.5 <= first <= 1.0 and 1.0 <= second <= 2.0  # 1s then 2s, each with jitter down to half
+    assert third == 3.0  # the server asked for 60s: capped
+    assert meter.records == [answer.usage]  # one answer, one record
+
+
+def test_retries_run_out_with_a_transient_error(scripted):
+    provider = scripted(*[TransientChatError("still overloaded")] * 4)
+    with pytest.raises(TransientChatError, match="failed after 4 attempts: still overloaded"):
+        chat(ChatRequest(model="gpt-4.1-mini", messages=MESSAGES))
+    assert provider.calls == 4 and len(scripted.sleeps) == 3
+
+
+def test_permanent_errors_are_not_retried(scripted):
+    provider = scripted(ChatError("bad request"))
+    with pytest.raises(ChatError, match="bad request"):
+        chat(ChatRequest(model="gpt-4.1-mini", messages=MESSAGES))
+    assert provider.calls == 1 and scripted.sleeps == []
