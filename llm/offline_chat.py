@@ -19,8 +19,8 @@ key             canonical phrasing (other forms recognised)        effect
 =============== ================================================== ======================================
 tool_first      ``Call knowledge_search before answering.``        see Tools below
                 ("Always use the X tool first.", "Run X first.")
-scope           ``Only answer questions about X.``                 a question sharing no content word
-                ("Only respond to questions on X", "Only help       with X gets exactly
+scope           ``Only answer questions about X.``                 a last user message sharing no
+                ("Only respond to questions on X", "Only help       content word with X gets exactly
                 with X")                                           ``I can only help with X.``
 unknown_answer  ``If the sources do not contain the answer,         when no evidence sentence shares a
                 say "I don't know."`` (any "If ... not/no ...,      content word with the question (or
@@ -63,7 +63,8 @@ heading lines left out, list markers stripped); identical sentences count once.
 Words are compared as content words: lower-cased runs of letters and digits, stop words (articles,
 pronouns, auxiliaries, question words) and single letters dropped, a plural "s"/"ies" reduced
 ("workflows" = "workflow"). A sentence's score is the number of distinct content words of the question
-it contains; ties go to the earlier sentence. The answer is the best 2 sentences (1 with one_sentence,
+it contains (of the question sentences when the last user message has several); ties go to the earlier
+sentence. The answer is the best 2 sentences (1 with one_sentence,
 3 with bullet_list) among those scoring above zero, best first. When none scores above zero the model
 still answers with the first sentences of its evidence (unless unknown_answer says otherwise), and with
 no evidence at all it answers ``I don't have enough information to answer "<question>".``
@@ -87,9 +88,10 @@ JSON
 A ``json_schema`` response format gives an object with the schema's properties; otherwise a
 ``json_fields`` directive gives one with its fields; otherwise a ``json_object`` response format gives
 ``{"answer": <answer>}``. A value is chosen by its schema type (for json_fields fields, by the field's
-name: answer-like names are strings, source-like names and plural-looking names (last word ending in
-"s", not "ss"/"us"/"is") are lists of strings, names like count, number, total, amount, price, cost,
-year, age are numbers, everything else a string):
+name: answer-like names are strings; source-like names ending in "s" and plural-looking names (last
+word ending in "s", not "ss"/"us"/"is") are lists of strings; names with the word count, number, total,
+amount, price, cost, year, age or quantity (or starting with n_/num_) are numbers; everything else is
+a string):
 
 - a name with the word answer, response, reply, result, summary, text, content, output, message or
   explanation: the answer text (the answer sentences, one_sentence and max_words obeyed);
@@ -105,7 +107,9 @@ year, age are numbers, everything else a string):
   in the prompt, then in the enum. This is how a workflow routes: ``{"next": {"enum": [...]}}``;
 - an object: its properties, by the same rules; ``null``: null.
 
-In JSON the prose directives bullet_list, quote_passage, cite_sources and prefix do not apply.
+A ``json_schema`` without properties gives ``{"answer": <answer>}`` too. A refused (out-of-scope)
+question in JSON: the refusal is the answer text and the only evidence. In JSON the prose directives
+bullet_list, quote_passage, cite_sources and prefix do not apply.
 ``max_tokens`` cuts the text at about 4 characters a token, with finish_reason "length".
 """
 
@@ -139,7 +143,7 @@ STOP_WORDS = _EMBEDDING_STOP_WORDS | frozenset((
     "did", "do", "does", "doing", "done", "each", "explain", "give", "had", "having", "him", "how", "just", "me",
     "more", "most", "much", "my", "no", "not", "only", "other", "please", "should", "some", "such", "tell", "than",
     "those", "too", "us", "very", "where", "whom", "whose", "why", "would", "yes", "yours", "ours", "hers",
-    "s", "t", "don", "doesn", "isn", "aren", "can't", "won", "shall", "may", "might", "must", "let", "via",
+    "s", "t", "don", "doesn", "isn", "aren", "won", "shall", "may", "might", "must", "let", "via",
 ))
 _WORD = re.compile(r"\w+")
 _NEGATION = re.compile(r"\b(?:not|never|no|don't|doesn't|isn't|can't|cannot|avoid|without)\b|n't\b", re.I)
@@ -404,9 +408,10 @@ def _message_text(content) -> str:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # content parts
-        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict)
-                         and isinstance(part.get("text"), str))
+    if isinstance(content, list) and all(isinstance(part, dict) and "type" in part for part in content):  # parts
+        return "\n".join(part["text"] for part in content if isinstance(part.get("text"), str))
+    if isinstance(content, (dict, list)):
+        return json.dumps(content, ensure_ascii=False)
     return str(content)
 
 
