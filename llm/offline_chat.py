@@ -67,8 +67,8 @@ it contains (of the question sentences when the last user message has several); 
 sentence. The answer is the best 2 sentences (1 with one_sentence,
 3 with bullet_list) among those scoring above zero, best first. When none scores above zero the model
 still answers with the first sentences of its evidence (unless unknown_answer says otherwise), and with
-no evidence at all it answers ``I don't have enough information to answer "<question>".``
-(``I don't have enough information to answer.`` for an empty question).
+no evidence at all it answers ``I don't have enough information to answer.`` (which, coming from
+another node, is not evidence: it never repeats the question, so it cannot crowd out what is retrieved).
 
 Tools
 -----
@@ -435,7 +435,7 @@ class _EvidenceBuilder:
 
     def add(self, text: str, hit: int | None = None, *, retrieved: bool = False):
         for sentence in split_sentences(text):
-            if sentence in self.seen:
+            if sentence in self.seen or sentence == FALLBACK_ANSWER:  # another node's "no answer" is no evidence
                 continue
             self.seen.add(sentence)
             self.inputs.sentences.append(_Sentence(sentence, len(self.inputs.sentences),
@@ -512,14 +512,14 @@ _OPTION_LINE = re.compile(r"^\s*[-*•]\s*[`\"']?(?P<name>[^\s:`\"']+)[`\"']?\s*
                           r"(?P<description>.+)$", re.M)
 
 
+FALLBACK_ANSWER = "I don't have enough information to answer."
+
+
 def fallback_answer(question: str) -> str:
-    """What the model says with no evidence at all (and no unknown_answer directive)."""
-    question = " ".join(question.split())
-    if not question:
-        return "I don't have enough information to answer."
-    if len(question) > 200:
-        question = question[:199].rstrip() + "…"
-    return f'I don\'t have enough information to answer "{question}".'
+    """What the model says with no evidence at all (and no unknown_answer directive). It does not
+    repeat the question: an answer that did would be the best-matching "evidence" for every node
+    downstream that reads it, and crowd out what they retrieve."""
+    return FALLBACK_ANSWER
 
 
 class _Answerer:

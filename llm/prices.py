@@ -55,6 +55,8 @@ def price_for(model: str) -> Price | None:
         return Price(Decimal(str(entry.get("input", 0))), Decimal(str(entry.get("output", 0))))
     if model in PRICES:
         return PRICES[model]
+    if "/" in model:  # a router's vendor-qualified name ("openai/gpt-4.1-mini") costs what the model costs
+        return price_for(model.rsplit("/", 1)[1])
     # dated snapshots ("gpt-4.1-mini-2025-04-14") cost what their family costs
     family = max((name for name in PRICES if model.startswith(name + "-")), key=len, default=None)
     return PRICES[family] if family else None

@@ -14,9 +14,10 @@ RESEARCH = {
     "entryNodeId": "scope",
     "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
     "nodes": [
-        {"nodeId": "scope", "description": "Splits the question between two researchers.", "modelName": MODEL,
-         "systemPrompt": "Restate the question in one sentence for the researchers. Answer in one sentence.",
-         "handOffs": ["engine_research", "cost_research"], "handOffType": "parallel"},
+        {"nodeId": "scope", "description": "Frames the question for two researchers.", "modelName": MODEL,
+         "systemPrompt": "Frame the question for the researchers. Call knowledge_search before answering. "
+                         "Answer in one sentence.",
+         "codeTools": ["knowledge_search"], "handOffs": ["engine_research", "cost_research"], "handOffType": "parallel"},
         {"nodeId": "engine_research", "description": "Finds how the durable engine behaves.", "modelName": MODEL,
          "systemPrompt": "You research the durable engine. Call knowledge_search before answering. "
                          "Quote the retrieved passage.",

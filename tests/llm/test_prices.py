@@ -31,3 +31,9 @@ def test_usage_adds_up_and_round_trips_through_json():
 def test_token_estimate():
     assert estimate_tokens("") == 0
     assert estimate_tokens("abcd" * 10) == 10
+
+
+def test_a_vendor_qualified_name_costs_what_the_model_costs():
+    from llm.prices import cost_usd
+
+    assert cost_usd("openai/gpt-4.1-mini", input_tokens=1000) == cost_usd("gpt-4.1-mini", input_tokens=1000) > 0

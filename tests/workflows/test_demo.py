@@ -25,7 +25,7 @@ def test_the_demo_workflows_are_seeded_once_and_their_invocations_complete():
     fan, router = invocations
     fan_nodes = list(NodeInvocation.objects.filter(workflow_invocation=fan).order_by("seq").values_list("node_id",
                                                                                                           "tool_calls"))
-    assert fan_nodes == [("scope", 0), ("engine_research", 1), ("cost_research", 1), ("writer", 0)]
+    assert fan_nodes == [("scope", 1), ("engine_research", 1), ("cost_research", 1), ("writer", 0)]
     assert fan.output["text"].startswith("- ")  # the writer's bullet list
     router_nodes = list(NodeInvocation.objects.filter(workflow_invocation=router).order_by("seq")
                         .values_list("node_id", flat=True))
