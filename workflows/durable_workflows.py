@@ -51,7 +51,7 @@ class NodeRejected(InvocationFailed):
 def invoke(ctx, input: dict) -> dict:
     """Run a workflow invocation. Input: {"invocation_id": int}."""
     invocation_id = int(input["invocation_id"])
-    plan = ctx.step("begin", execution.invocation_begin, invocation_id, ctx.namespace)
+    plan = ctx.step("begin", execution.invocation_begin, invocation_id, ctx.namespace, ctx.run_id)
     if "refused" in plan:
         raise InvocationFailed(plan["refused"])
     if "ended" in plan:

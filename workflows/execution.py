@@ -61,20 +61,25 @@ def input_text(value) -> str:
 
 # --------------------------------------------------------------------------------------- invocation
 
-def invocation_begin(invocation_id: int, namespace: str) -> dict:
+def invocation_begin(invocation_id: int, namespace: str, run_id: str) -> dict:
     """Mark the invocation running and return what the runner needs (its plan). A run of another
-    workspace's namespace is refused without a write."""
+    workspace's namespace, or another run than the one the invocation names, is refused without a
+    write; an invocation created without a run (an eval run's item, started as a child run) takes
+    the first run that begins it."""
     with transaction.atomic():
         invocation = WorkflowInvocation.objects.select_for_update().select_related("workflow_version") \
             .filter(pk=invocation_id).first()
         if invocation is None or Workspace.namespace_of(invocation.workspace_id) != namespace:
             return {"refused": f"invocation {invocation_id} does not belong to this run's workspace"}
+        if invocation.durable_run_id not in (None, run_id):
+            return {"refused": f"invocation {invocation_id} is driven by run {invocation.durable_run_id}"}
         if invocation.status in WorkflowInvocation.TERMINAL:
             return {"ended": invocation.status}
-        if invocation.status == WorkflowInvocation.Status.QUEUED:
+        if invocation.status == WorkflowInvocation.Status.QUEUED or invocation.durable_run_id is None:
             invocation.status = WorkflowInvocation.Status.RUNNING
-            invocation.started_at = now()
-            invocation.save(update_fields=["status", "started_at", "updated_at"])
+            invocation.started_at = invocation.started_at or now()
+            invocation.durable_run_id = run_id
+            invocation.save(update_fields=["status", "started_at", "durable_run", "updated_at"])
     version = invocation.workflow_version
     node_versions = dict(NodeVersion.objects.filter(workflow_version=version).values_list("node_id", "pk"))
     return {

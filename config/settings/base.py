@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "durable",
     "knowledge",
     "workflows",
+    "evals",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,24 @@
+"""The evals app's tunables (Django settings, with these defaults)."""
+
+from dataclasses import dataclass
+
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    concurrency: int  # items of one eval run invoked at once (each a child run of the eval run)
+    judge_model: str  # the LLM judge's model (answered offline without a key: the judge then falls back)
+    alpha: float  # the significance level a promotion needs (paired Wilcoxon signed-rank test)
+    critical_tolerance: float  # a critical item may lose at most this much score in a promotion
+    bootstrap_resamples: int  # resamples of the paired bootstrap giving the mean difference's 95% interval
+
+
+def eval_settings() -> EvalSettings:
+    return EvalSettings(
+        concurrency=int(getattr(settings, "EVAL_CONCURRENCY", 4)),
+        judge_model=getattr(settings, "EVAL_JUDGE_MODEL", "gpt-4.1-mini"),
+        alpha=float(getattr(settings, "EVAL_ALPHA", 0.05)),
+        critical_tolerance=float(getattr(settings, "EVAL_CRITICAL_TOLERANCE", 0.1)),
+        bootstrap_resamples=int(getattr(settings, "EVAL_BOOTSTRAP_RESAMPLES", 10_000)),
+    )

@@ -1,0 +1,47 @@
+"""Eval runs as durable runs.
+
+``evals.run`` scores a workflow version on a golden set: results it may reuse are recorded first;
+the other items run in batches of `concurrency` workflow invocations (child runs of
+``workflows.invoke``, joined with ``ctx.all``), then each is graded in its own step. A crashed
+eval run resumes where it stopped: finished invocations and graded items are never redone.
+"""
+
+from __future__ import annotations
+
+from durable import workflow
+from durable.engine import Child
+from evals import execution
+from workflows.durable_workflows import INVOKE_WORKFLOW, describe
+
+EVAL_WORKFLOW = "evals.run"
+
+
+class EvalFailed(Exception):
+    pass
+
+
+@workflow(EVAL_WORKFLOW)  # started by evals.services.eval_run_start only
+def eval_run(ctx, input: dict) -> dict:
+    """Input: {"eval_run_id": int}."""
+    eval_run_id = int(input["eval_run_id"])
+    plan = ctx.step("begin", execution.eval_begin, eval_run_id, ctx.namespace, ctx.run_id)
+    if "refused" in plan:
+        raise EvalFailed(plan["refused"])
+    if "ended" in plan:
+        return {"status": plan["ended"]}
+    try:
+        pending, cap = plan["pending"], max(1, plan["concurrency"])
+        for batch_number, start in enumerate(range(0, len(pending), cap)):
+            batch = pending[start:start + cap]
+            invocations = ctx.transaction(f"invocations:{batch_number}", execution.eval_invocations_create,
+                                          eval_run_id, batch)
+            ctx.all([Child(INVOKE_WORKFLOW, {"invocation_id": invocations[str(item)]}, name=f"item:{item}")
+                     for item in batch], return_exceptions=True)
+            for item in batch:
+                ctx.step(f"grade:{item}", execution.eval_grade_item, eval_run_id, item, invocations[str(item)],
+                         plan["keys"][str(item)])
+        summary = ctx.step("finish", execution.eval_finish, eval_run_id)
+    except Exception as exc:
+        ctx.step("fail", execution.eval_fail, eval_run_id, describe(exc))
+        raise
+    return summary

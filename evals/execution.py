@@ -1,0 +1,185 @@
+"""The writes of an eval run, each called as one durable step by evals/durable_workflows.py.
+
+Idempotent like the workflow runner's: results are unique per (run, item) and written with
+ignore-conflicts; the invocations of a batch are created in a ``ctx.transaction`` (exactly once);
+aggregates are recomputed from the results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from django.db import transaction
+from django.db.models import Sum
+
+from evals.models import EvalRun, GoldenItem, GoldenResult
+from evals.stats import fitness, percentile
+from workflows.models import WorkflowInvocation
+from workspaces.models import Workspace
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def reuse_key(version_id: int, item_hash: str, graders_digest: str) -> str:
+    """What a result depends on: the version (its genome), the item's contents and the graders."""
+    return hashlib.sha256(f"{version_id}:{item_hash}:{graders_digest}".encode()).hexdigest()
+
+
+def output_text(output) -> str:
+    """The text of an invocation's output that graders read."""
+    if isinstance(output, dict) and isinstance(output.get("text"), str):
+        return output["text"]
+    if output is None:
+        return ""
+    return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+
+
+def eval_begin(eval_run_id: int, namespace: str, run_id: str) -> dict:
+    """Mark the run running, record the results it reuses, and return the items left to run."""
+    from evals.graders import graders_hash
+
+    with transaction.atomic():
+        run = EvalRun.objects.select_for_update().select_related("workflow_version").filter(pk=eval_run_id).first()
+        if run is None or Workspace.namespace_of(run.workspace_id) != namespace:
+            return {"refused": f"eval run {eval_run_id} does not belong to this run's workspace"}
+        if run.durable_run_id not in (None, run_id):
+            return {"refused": f"eval run {eval_run_id} is driven by run {run.durable_run_id}"}
+        if run.status in EvalRun.TERMINAL:
+            return {"ended": run.status}
+        items = list(GoldenItem.objects.filter(golden_set_id=run.golden_set_id).order_by("position", "id")
+                     .values_list("pk", "content_hash"))
+        digest = graders_hash(run.config["graders"])
+        keys = {pk: reuse_key(run.workflow_version_id, content, digest) for pk, content in items}
+        reused = {}
+        if run.reuse:
+            earlier = GoldenResult.objects.filter(reuse_key__in=list(keys.values()), grading_error=False) \
+                .exclude(eval_run=run).order_by("reuse_key", "-created_at").distinct("reuse_key")
+            by_key = {result.reuse_key: result for result in earlier}
+            rows = []
+            for pk, key in keys.items():
+                source = by_key.get(key)
+                if source is None:
+                    continue
+                reused[pk] = source.pk
+                rows.append(GoldenResult(
+                    eval_run=run, golden_item_id=pk, workflow_version_id=run.workflow_version_id,
+                    workflow_invocation_id=source.workflow_invocation_id, actual_output=source.actual_output,
+                    score=source.score,
+                    passed=None if source.score is None else source.score >= run.config["threshold"],
+                    grading_rationale=source.grading_rationale, grader=source.grader, grades=source.grades,
+                    error=source.error, latency_ms=source.latency_ms, usd_cost=source.usd_cost, judge_usd=0,
+                    reuse_key=key, reused_from=source.reused_from_id or source.pk))
+            GoldenResult.objects.bulk_create(rows, ignore_conflicts=True)
+        run.status = EvalRun.Status.RUNNING
+        run.started_at = run.started_at or now()
+        run.durable_run_id = run_id
+        run.items_total = len(items)
+        run.items_reused = len(reused)
+        run.save(update_fields=["status", "started_at", "durable_run", "items_total", "items_reused", "updated_at"])
+        _progress(run.pk)
+    return {"pending": [pk for pk, _ in items if pk not in reused], "keys": {str(k): v for k, v in keys.items()},
+            "concurrency": int(run.config.get("concurrency", 4)), "reused": len(reused)}
+
+
+def eval_invocations_create(eval_run_id: int, item_ids: list[int]) -> dict:
+    """The invocations of a batch of items (run in a ``ctx.transaction``: created exactly once).
+    Returns {item id: invocation id}."""
+    run = EvalRun.objects.select_related("workflow_version").get(pk=eval_run_id)
+    items = GoldenItem.objects.in_bulk(item_ids)
+    out = {}
+    for item_id in item_ids:
+        invocation = WorkflowInvocation.objects.create(
+            workspace_id=run.workspace_id, workflow_version=run.workflow_version, input=items[item_id].input,
+            node_budget=run.config["node_budget"], usd_budget=Decimal(run.config["usd_budget"]),
+            created_by_id=run.created_by_id)
+        out[str(item_id)] = invocation.pk
+    return out
+
+
+def eval_grade_item(eval_run_id: int, item_id: int, invocation_id: int, key: str) -> dict:
+    """Grade one item's invocation and append its result. A failed invocation scores 0 (the
+    version's failure); a grader that could not grade leaves the score empty (a grading error)."""
+    from evals.graders import ItemSpec, grade
+
+    existing = GoldenResult.objects.filter(eval_run_id=eval_run_id, golden_item_id=item_id).first()
+    if existing is not None:
+        return {"score": existing.score}
+    run = EvalRun.objects.select_related("workflow_version").get(pk=eval_run_id)
+    item = GoldenItem.objects.get(pk=item_id)
+    invocation = WorkflowInvocation.objects.get(pk=invocation_id)
+    latency = None
+    if invocation.started_at and invocation.ended_at:
+        latency = (invocation.ended_at - invocation.started_at).total_seconds() * 1000
+    fields = {"eval_run": run, "golden_item": item, "workflow_version_id": run.workflow_version_id,
+              "workflow_invocation": invocation, "latency_ms": latency, "usd_cost": invocation.usd_cost,
+              "reuse_key": key}
+    if invocation.status != WorkflowInvocation.Status.COMPLETED:
+        result = GoldenResult(**fields, score=0.0, passed=False, grader="none",
+                              error=f"the invocation {invocation.status}: {invocation.error}"[:5000],
+                              grading_rationale="The workflow gave no answer, so the item scores 0.")
+    else:
+        actual = output_text(invocation.output)
+        verdict = grade(actual, ItemSpec(input=item.input, expected_output=item.expected_output,
+                                         scoring_criteria=item.scoring_criteria, rubric=tuple(item.rubric or ()),
+                                         tags=tuple(item.tags or ()), metadata=item.metadata or {}),
+                        run.config["graders"], output_schema=run.workflow_version.output_schema or None,
+                        judge_model=run.config.get("judge_model"))
+        result = GoldenResult(
+            **fields, actual_output=actual, score=verdict.score,
+            passed=None if verdict.score is None else verdict.score >= run.config["threshold"],
+            grading_rationale=verdict.rationale, grader=verdict.grader[:200],
+            grades=verdict.as_dict()["grades"], error=verdict.error, grading_error=bool(verdict.error),
+            judge_usd=verdict.usage.usd_cost)
+    with transaction.atomic():
+        GoldenResult.objects.bulk_create([result], ignore_conflicts=True)
+        _progress(eval_run_id)
+    return {"score": result.score}
+
+
+def _progress(eval_run_id: int) -> None:
+    done = GoldenResult.objects.filter(eval_run_id=eval_run_id).count()
+    EvalRun.objects.filter(pk=eval_run_id).update(items_done=done, updated_at=now())
+
+
+def eval_finish(eval_run_id: int) -> dict:
+    """Aggregate the results: average score and pass rate (over graded items), costs, latency
+    percentiles and fitness; the version keeps its latest average and pass rate."""
+    from workflows.models import WorkflowVersion
+
+    run = EvalRun.objects.get(pk=eval_run_id)
+    results = list(GoldenResult.objects.filter(eval_run=run).values("score", "passed", "latency_ms", "usd_cost",
+                                                                      "judge_usd", "grading_error", "reused_from"))
+    scored = [r for r in results if r["score"] is not None]
+    avg = sum(r["score"] for r in scored) / len(scored) if scored else None
+    pass_rate = sum(1 for r in scored if r["passed"]) / len(scored) if scored else None
+    cost = sum((r["usd_cost"] for r in results), Decimal(0))
+    paid = sum((r["usd_cost"] for r in results if r["reused_from"] is None), Decimal(0))
+    judge = GoldenResult.objects.filter(eval_run=run).aggregate(total=Sum("judge_usd"))["total"] or Decimal(0)
+    latencies = [r["latency_ms"] for r in results if r["latency_ms"] is not None]
+    seconds = (sum(latencies) / len(latencies) / 1000) if latencies else 0.0
+    score = None
+    if avg is not None:
+        score = fitness(avg, seconds_per_item=seconds, usd_per_item=float(cost) / max(1, len(results)))
+    fields = dict(
+        status=EvalRun.Status.COMPLETED, avg_score=None if avg is None else round(avg, 6),
+        pass_rate=None if pass_rate is None else round(pass_rate, 6), usd_cost=cost, paid_usd=paid, judge_usd=judge,
+        latency_p50_ms=percentile(latencies, 50), latency_p95_ms=percentile(latencies, 95), fitness=score,
+        items_done=len(results), grading_errors=sum(1 for r in results if r["grading_error"]),
+        ended_at=now(), updated_at=now())
+    with transaction.atomic():
+        EvalRun.objects.filter(pk=eval_run_id).exclude(status__in=EvalRun.TERMINAL).update(**fields)
+        if avg is not None:
+            WorkflowVersion.objects.filter(pk=run.workflow_version_id).update(
+                avg_score=fields["avg_score"], pass_rate=fields["pass_rate"], updated_at=now())
+    return {"avg_score": fields["avg_score"], "pass_rate": fields["pass_rate"], "fitness": score,
+            "items": len(results), "grading_errors": fields["grading_errors"]}
+
+
+def eval_fail(eval_run_id: int, error: str, status: str = EvalRun.Status.FAILED) -> None:
+    EvalRun.objects.filter(pk=eval_run_id).exclude(status__in=EvalRun.TERMINAL).update(
+        status=status, error=error[:5000], ended_at=now(), updated_at=now())

@@ -1,0 +1,237 @@
+"""Writes of the evals app: golden sets and items, eval runs, promotion and rollback."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from evals.conf import eval_settings
+from evals.models import EvalRun, GoldenItem, GoldenSet, Promotion
+from evals.stats import Comparison, paired_comparison
+from workflows.models import Workflow, WorkflowVersion
+
+
+class EvalError(ValueError):
+    """A request that cannot be carried out; `errors` maps a field to its messages."""
+
+    def __init__(self, errors: dict[str, list[str]] | str):
+        self.errors = errors if isinstance(errors, dict) else {"detail": [errors]}
+        super().__init__("; ".join(f"{field}: {m}" for field, messages in self.errors.items() for m in messages))
+
+
+class PromotionRefused(EvalError):
+    """A promotion the evidence does not support; `evidence` says why."""
+
+    def __init__(self, message: str, evidence: dict):
+        self.evidence = evidence
+        super().__init__({"promotion": [message]})
+
+
+# ------------------------------------------------------------------------------------------ golden sets
+
+def golden_set_create(*, workspace, name: str, workflow: Workflow | None = None, description: str = "",
+                      graders=None, pass_threshold: float = 0.7, created_by=None) -> GoldenSet:
+    from evals.graders import GraderConfigError, validate_graders
+
+    if workflow is not None and workflow.workspace_id != workspace.pk:
+        raise EvalError({"workflow": ["belongs to another workspace"]})
+    try:
+        graders = validate_graders(graders if graders is not None else [{"kind": "llm_judge", "weight": 1.0}])
+    except GraderConfigError as exc:
+        raise EvalError(exc.errors) from None
+    if not isinstance(pass_threshold, int | float) or isinstance(pass_threshold, bool) or not 0 <= pass_threshold <= 1:
+        raise EvalError({"pass_threshold": ["must be a number from 0 to 1"]})
+    return GoldenSet.objects.create(workspace=workspace, name=name, workflow=workflow, description=description,
+                                    graders=graders, pass_threshold=float(pass_threshold), created_by=created_by)
+
+
+def golden_item_add(*, golden_set: GoldenSet, input, expected_output: str = "", scoring_criteria: str = "",
+                    rubric=None, tags=None, metadata=None, position: int | None = None) -> GoldenItem:
+    errors = item_errors(input=input, expected_output=expected_output, scoring_criteria=scoring_criteria,
+                         rubric=rubric, tags=tags, metadata=metadata)
+    if errors:
+        raise EvalError(errors)
+    if position is None:
+        last = GoldenItem.objects.filter(golden_set=golden_set).order_by("-position").values_list("position",
+                                                                                                  flat=True).first()
+        position = (last or 0) + 1
+    return GoldenItem.objects.create(golden_set=golden_set, input=input, expected_output=expected_output or "",
+                                     scoring_criteria=scoring_criteria or "", rubric=rubric or [], tags=tags or [],
+                                     metadata=metadata or {}, position=position)
+
+
+def item_errors(*, input, expected_output, scoring_criteria, rubric, tags, metadata) -> dict[str, list[str]]:
+    """What is wrong with an item's fields, by field (empty when nothing is)."""
+    errors: dict[str, list[str]] = {}
+    if input is None or input == "" or input == {}:
+        errors["input"] = ["is required"]
+    if not isinstance(expected_output or "", str):
+        errors["expected_output"] = ["must be text (JSON as its text)"]
+    if not isinstance(scoring_criteria or "", str):
+        errors["scoring_criteria"] = ["must be text"]
+    if rubric and (not isinstance(rubric, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("criterion"), str) and c["criterion"].strip()
+            and isinstance(c.get("max_points"), int | float) and not isinstance(c.get("max_points"), bool)
+            and 0 < c["max_points"] <= 1000 for c in rubric)):
+        errors["rubric"] = ['must be a list of {"criterion": text, "max_points": a number from 0 to 1000}']
+    if tags and (not isinstance(tags, list) or not all(isinstance(t, str) and 0 < len(t) <= 50 for t in tags)):
+        errors["tags"] = ["must be a list of short names"]
+    if metadata and not isinstance(metadata, dict):
+        errors["metadata"] = ["must be an object"]
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------- eval runs
+
+def eval_run_start(*, golden_set: GoldenSet, version: WorkflowVersion, user=None, reuse: bool = True,
+                   origin: str = EvalRun.Origin.MANUAL, concurrency: int | None = None,
+                   node_budget: int | None = None, usd_budget=None) -> EvalRun:
+    """Start an eval run of `version` on `golden_set` (a durable run; the worker does the rest).
+    Refused (EvalError) when the set has no items, the version is of another workspace, or it cannot
+    run here (missing tools or models)."""
+    from durable.services import run_start
+    from evals.durable_workflows import EVAL_WORKFLOW
+    from evals.graders import GraderConfigError, validate_graders
+    from workflows.conf import workflow_settings
+    from workflows.services import version_problems
+
+    conf = eval_settings()
+    errors: dict[str, list[str]] = {}
+    if version.workflow.workspace_id != golden_set.workspace_id:
+        errors["workflow_version"] = ["belongs to another workspace"]
+    if not GoldenItem.objects.filter(golden_set=golden_set).exists():
+        errors["golden_set"] = ["has no items"]
+    try:
+        graders = validate_graders(golden_set.graders)
+    except GraderConfigError as exc:
+        errors.update({f"golden_set.{key}": value for key, value in exc.errors.items()})
+        graders = []
+    if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
+                                    or not 1 <= concurrency <= 64):
+        errors["concurrency"] = ["must be a whole number from 1 to 64"]
+    if not errors:
+        errors.update(version_problems(version))
+    if errors:
+        raise EvalError(errors)
+    wf = workflow_settings()
+    config = {"graders": graders, "threshold": golden_set.pass_threshold, "judge_model": conf.judge_model,
+              "concurrency": concurrency or conf.concurrency, "node_budget": node_budget or wf.node_budget,
+              "usd_budget": f"{usd_budget if usd_budget is not None else wf.usd_budget}"}
+    workspace = golden_set.workspace
+    with transaction.atomic():
+        run = EvalRun.objects.create(workspace=workspace, golden_set=golden_set, workflow_version=version,
+                                     reuse=reuse, origin=origin, config=config,
+                                     created_by=user if getattr(user, "pk", None) else None)
+        durable = run_start(workflow=EVAL_WORKFLOW, input={"eval_run_id": run.pk}, run_id=f"eval-{run.pk}",
+                            namespace=workspace.namespace, tags=["eval", f"golden_set:{golden_set.pk}"])
+        run.durable_run_id = durable.pk
+        run.save(update_fields=["durable_run", "updated_at"])
+    return run
+
+
+def eval_run_cancel(*, eval_run: EvalRun, reason: str = "cancelled by an operator") -> bool:
+    from durable.services import run_cancel
+    from evals.execution import eval_fail
+
+    if eval_run.status in EvalRun.TERMINAL:
+        return False
+    cancelled = run_cancel(run_id=eval_run.durable_run_id, reason=reason) if eval_run.durable_run_id else True
+    if cancelled:
+        eval_fail(eval_run.pk, reason, status=EvalRun.Status.CANCELLED)
+    eval_run.refresh_from_db()
+    return cancelled
+
+
+# ------------------------------------------------------------------------------------- compare, promote
+
+def compare_versions(*, golden_set: GoldenSet, version_a: WorkflowVersion, version_b: WorkflowVersion,
+                     alpha: float | None = None) -> dict:
+    """The paired comparison of two versions on a set, from each one's latest completed eval run on
+    it: per-item scores side by side (items both runs graded), the test, and the critical items
+    that b scores lower than a by more than the tolerance."""
+    from evals.selectors import latest_completed_run, run_scores
+
+    conf = eval_settings()
+    alpha = conf.alpha if alpha is None else alpha
+    run_a = latest_completed_run(golden_set=golden_set, version=version_a)
+    run_b = latest_completed_run(golden_set=golden_set, version=version_b)
+    missing = [str(v.pk) for v, r in ((version_a, run_a), (version_b, run_b)) if r is None]
+    if missing:
+        raise EvalError({"versions": [f"version {pk} has no completed eval run on this set" for pk in missing]})
+    scores_a, scores_b = run_scores(run_a), run_scores(run_b)
+    items = {item.pk: item for item in GoldenItem.objects.filter(golden_set=golden_set)}
+    paired = [pk for pk in sorted(items, key=lambda pk: (items[pk].position, pk))
+              if scores_a.get(pk) is not None and scores_b.get(pk) is not None]
+    comparison: Comparison = paired_comparison([scores_a[pk] for pk in paired], [scores_b[pk] for pk in paired],
+                                               alpha=alpha, resamples=conf.bootstrap_resamples)
+    critical = [{"item": pk, "a": scores_a[pk], "b": scores_b[pk]} for pk in paired
+                if items[pk].critical and scores_b[pk] < scores_a[pk] - conf.critical_tolerance]
+    return {"golden_set": golden_set.pk, "version_a": version_a.pk, "version_b": version_b.pk,
+            "eval_run_a": run_a.pk, "eval_run_b": run_b.pk, "comparison": comparison.as_dict(),
+            "critical_regressions": critical, "critical_tolerance": conf.critical_tolerance,
+            "items": [{"item": pk, "a": scores_a.get(pk), "b": scores_b.get(pk), "critical": items[pk].critical}
+                      for pk in sorted(items, key=lambda pk: (items[pk].position, pk))]}
+
+
+def version_promote(*, candidate: WorkflowVersion, golden_set: GoldenSet, user=None, alpha: float | None = None,
+                    force_first: bool = True) -> Promotion:
+    """Make `candidate` the active version when the evidence supports it: significantly better than
+    the active version on `golden_set` (paired test, p < alpha) and no critical item regressed beyond
+    the tolerance. Activation and its evidence are written in one transaction; a concurrent
+    activation of the same workflow makes this one refuse (compare again). With no active version,
+    the candidate is activated on its own eval run (`force_first`)."""
+    from workflows.services import workflow_version_activate
+
+    if candidate.status == WorkflowVersion.Status.ACTIVE:
+        raise EvalError({"workflow_version": ["is already the active version"]})
+    if golden_set.workspace_id != candidate.workflow.workspace_id:
+        raise EvalError({"golden_set": ["belongs to another workspace"]})
+    active = WorkflowVersion.objects.filter(workflow_id=candidate.workflow_id,
+                                            status=WorkflowVersion.Status.ACTIVE).first()
+    if active is None:
+        if not force_first:
+            raise EvalError({"workflow": ["has no active version to compare with"]})
+        from evals.selectors import latest_completed_run
+
+        run = latest_completed_run(golden_set=golden_set, version=candidate)
+        if run is None:
+            raise EvalError({"workflow_version": ["has no completed eval run on this set"]})
+        evidence = {"first_version": True, "eval_run": run.pk, "avg_score": run.avg_score, "pass_rate": run.pass_rate}
+    else:
+        evidence = compare_versions(golden_set=golden_set, version_a=active, version_b=candidate, alpha=alpha)
+        verdict = evidence["comparison"]["verdict"]
+        if verdict != "better":
+            raise PromotionRefused(
+                f"the candidate is not significantly better than the active version ({verdict}, "
+                f"p={evidence['comparison']['p_value']}, alpha={evidence['comparison']['alpha']})", evidence)
+        if evidence["critical_regressions"]:
+            raise PromotionRefused(f"{len(evidence['critical_regressions'])} critical item(s) regressed", evidence)
+    with transaction.atomic():
+        Workflow.objects.select_for_update().get(pk=candidate.workflow_id)
+        current = WorkflowVersion.objects.filter(workflow_id=candidate.workflow_id,
+                                                 status=WorkflowVersion.Status.ACTIVE).values_list("pk", flat=True)
+        if list(current) != ([active.pk] if active else []):
+            raise EvalError({"workflow": ["the active version changed while comparing: compare again"]})
+        workflow_version_activate(version=candidate)
+        promotion = Promotion.objects.create(workflow_id=candidate.workflow_id, workflow_version=candidate,
+                                             previous_version=active, golden_set=golden_set,
+                                             action=Promotion.Action.PROMOTE, evidence=evidence,
+                                             decided_by=user if getattr(user, "pk", None) else None)
+    return promotion
+
+
+def version_rollback(*, workflow: Workflow, user=None) -> Promotion:
+    """Re-activate the newest archived version of `workflow` (the one archived last)."""
+    from workflows.services import workflow_version_activate
+
+    with transaction.atomic():
+        Workflow.objects.select_for_update().get(pk=workflow.pk)
+        target = WorkflowVersion.objects.filter(workflow=workflow, status=WorkflowVersion.Status.ARCHIVED) \
+            .order_by("-updated_at", "-pk").first()
+        if target is None:
+            raise EvalError({"workflow": ["has no archived version to roll back to"]})
+        active = WorkflowVersion.objects.filter(workflow=workflow, status=WorkflowVersion.Status.ACTIVE).first()
+        workflow_version_activate(version=target)
+        return Promotion.objects.create(workflow=workflow, workflow_version=target, previous_version=active,
+                                        action=Promotion.Action.ROLLBACK, evidence={"rolled_back_from":
+                                                                                    getattr(active, "pk", None)},
+                                        decided_by=user if getattr(user, "pk", None) else None)

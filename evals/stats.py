@@ -1,0 +1,95 @@
+"""Statistics of eval runs: the fitness of REFERENCE.md, percentiles, and the paired comparison of
+two versions on the same items.
+
+The comparison is a paired test on per-item scores: the Wilcoxon signed-rank test
+(``scipy.stats.wilcoxon``, two-sided; zero differences dropped, as Wilcoxon's original method;
+exact distribution for small samples without ties, normal approximation otherwise) gives the
+p-value, and a paired bootstrap (seeded, so the same data give the same interval) gives the 95%
+interval of the mean difference. A difference is significant when p < alpha.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+def fitness(avg_score: float, *, seconds_per_item: float, usd_per_item: float) -> float:
+    """REFERENCE.md: ``0.7*acc + 0.2*normTime*acc/100 + 0.1*normCost*acc/100`` capped at 100, with acc
+    the average score in percent, normTime 100 up to 300 s an item then 100*60/t, normCost 100 up to
+    0.01 USD an item then 100*0.005/c. The cost is the workflow's own, not the judge's."""
+    acc = max(0.0, min(1.0, avg_score)) * 100
+    norm_time = 100.0 if seconds_per_item <= 300 else 100 * 60 / seconds_per_item
+    norm_cost = 100.0 if usd_per_item <= 0.01 else 100 * 0.005 / usd_per_item
+    return round(min(100.0, 0.7 * acc + 0.2 * norm_time * acc / 100 + 0.1 * norm_cost * acc / 100), 6)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    n: int
+    mean_a: float | None
+    mean_b: float | None
+    mean_diff: float | None  # b - a
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None
+    alpha: float
+    test: str
+    verdict: str  # "better" (b significantly above a), "worse", "no significant difference", "not enough data"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def significant(self) -> bool:
+        return self.verdict in ("better", "worse")
+
+
+def paired_comparison(scores_a: Sequence[float], scores_b: Sequence[float], *, alpha: float = 0.05,
+                      resamples: int = 10_000, seed: int = 0) -> Comparison:
+    """Compare paired per-item scores (the same items, in the same order) of version a and b."""
+    from scipy.stats import wilcoxon
+
+    a = np.asarray(scores_a, dtype=float)
+    b = np.asarray(scores_b, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError("paired scores must have the same length")
+    n = int(a.size)
+    if n == 0:
+        return Comparison(0, None, None, None, None, None, None, alpha, "wilcoxon", "not enough data")
+    diff = b - a
+    mean_diff = float(diff.mean())
+    rng = np.random.default_rng(seed)
+    if n > 1:
+        means = diff[rng.integers(0, n, size=(resamples, n))].mean(axis=1)
+        ci_low, ci_high = (float(x) for x in np.percentile(means, [2.5, 97.5]))
+    else:
+        ci_low = ci_high = mean_diff
+    if not np.any(diff):
+        p_value = 1.0  # identical scores: no evidence of a difference
+    elif np.count_nonzero(diff) < 2:
+        p_value = 1.0 if n < 2 else float(wilcoxon(diff, zero_method="wilcox").pvalue)
+    else:
+        p_value = float(wilcoxon(diff, zero_method="wilcox", alternative="two-sided").pvalue)
+    if math.isnan(p_value):
+        p_value = 1.0
+    if n < 2:
+        verdict = "not enough data"
+    elif p_value < alpha and mean_diff > 0:
+        verdict = "better"
+    elif p_value < alpha and mean_diff < 0:
+        verdict = "worse"
+    else:
+        verdict = "no significant difference"
+    return Comparison(n, round(float(a.mean()), 6), round(float(b.mean()), 6), round(mean_diff, 6),
+                      round(ci_low, 6), round(ci_high, 6), round(p_value, 8), alpha, "wilcoxon", verdict)
