@@ -9,6 +9,7 @@ api_patterns = [
     path("", include("workspaces.api.urls")),
     path("", include("durable.api.urls")),
     path("", include("knowledge.api.urls")),
+    path("", include("workflows.api.urls")),
 ]
 
 urlpatterns = [

@@ -28,7 +28,32 @@ def make_world(workspace, user):
     run_start(workflow="tests.signal", input={"note": marker}, namespace=workspace.namespace)
     schedule_save(key=f"sched-{workspace.slug}", workflow="tests.sequence", namespace=workspace.namespace,
                   input={"note": marker}, every_seconds=3600)
+    make_workflow_world(workspace, user, marker)
     return marker
+
+
+def make_workflow_world(workspace, user, marker):
+    """A workflow with a version, an invocation (queued: no worker runs it) with a node and a message, and an
+    MCP server with a version, a tool and `user`'s config with a secret."""
+    from workflows.models import McpServer, McpServerVersion, McpTool, Message, NodeInvocation, UserServerConfig
+    from workflows.services import invocation_start, workflow_create, workflow_version_create
+
+    workflow = workflow_create(workspace=workspace, name=f"flow-{workspace.slug}", description=f"Flow {marker}",
+                               owner=user)
+    version, _ = workflow_version_create(workflow=workflow, created_by=user, commit_message=f"First {marker}", dsl={
+        "entryNodeId": "solo", "nodes": [{"nodeId": "solo", "systemPrompt": f"Answer {marker}",
+                                          "gatewayModelId": "offline-directive-v1", "handOffs": ["end"]}]})
+    invocation = invocation_start(version=version, input={"note": marker}, user=user)
+    node = NodeInvocation.objects.create(workflow_invocation=invocation, seq=1, node_id="solo",
+                                         output=f"Output {marker}")
+    Message.objects.create(workflow_invocation=invocation, node_invocation=node, seq=1, to_node_id="solo",
+                           role=Message.Role.USER, payload={"text": marker})
+    server = McpServer.objects.create(workspace=workspace, slug=f"mcp-{workspace.slug}", display_name="Lookup",
+                                      description=f"Server {marker}", url="https://mcp.example.test/mcp")
+    server_version = McpServerVersion.objects.create(server=server, version="1.0", manifest_hash=f"{server.pk:064x}")
+    McpTool.objects.create(server_version=server_version, name="lookup", description=f"Tool {marker}")
+    UserServerConfig.objects.create(user=user, server=server, config={"note": marker},
+                                    secrets='{"Authorization": "Bearer world-secret-4417"}')
 
 
 @pytest.fixture
