@@ -1,0 +1,49 @@
+"""Fitness and the paired comparison on known data."""
+
+import pytest
+
+from evals.stats import fitness, paired_comparison, percentile
+
+
+def test_fitness_follows_the_reference_formula():
+    # fast and cheap: every term at 100, so fitness is the accuracy
+    assert fitness(0.8, seconds_per_item=10, usd_per_item=0.001) == pytest.approx(80.0)
+    # 600 s an item: normTime = 100*60/600 = 10; cost at the cap: normCost 100
+    assert fitness(0.5, seconds_per_item=600, usd_per_item=0.01) == pytest.approx(0.7 * 50 + 0.2 * 10 * 0.5 + 5)
+    # 0.05 USD an item: normCost = 100*0.005/0.05 = 10
+    assert fitness(1.0, seconds_per_item=1, usd_per_item=0.05) == pytest.approx(70 + 20 + 0.1 * 10)
+    assert fitness(0.0, seconds_per_item=1, usd_per_item=0) == 0
+    assert fitness(1.5, seconds_per_item=1, usd_per_item=0) == 100  # capped
+
+
+def test_wilcoxon_exact_p_value_on_known_data():
+    # eight items, b better on each by a distinct amount: the exact two-sided p is 2 / 2**8
+    a = [0.1, 0.2, 0.3, 0.1, 0.2, 0.3, 0.1, 0.2]
+    b = [x + d for x, d in zip(a, [0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08], strict=True)]
+    result = paired_comparison(a, b, alpha=0.05)
+    assert result.p_value == pytest.approx(2 / 2**8)
+    assert result.verdict == "better" and result.significant
+    assert result.mean_diff == pytest.approx(0.045)
+    assert 0.01 < result.ci_low < 0.045 < result.ci_high < 0.08
+    assert paired_comparison(b, a).verdict == "worse"
+
+
+def test_no_difference_and_small_samples():
+    same = paired_comparison([0.5, 0.6, 0.7], [0.5, 0.6, 0.7])
+    assert same.p_value == 1.0 and same.verdict == "no significant difference" and same.mean_diff == 0
+    assert paired_comparison([], []).verdict == "not enough data"
+    assert paired_comparison([0.1], [0.9]).verdict == "not enough data"
+    mixed = paired_comparison([0.2, 0.8, 0.5, 0.4], [0.3, 0.7, 0.6, 0.3])
+    assert mixed.verdict == "no significant difference" and mixed.p_value > 0.05
+    with pytest.raises(ValueError):
+        paired_comparison([0.1, 0.2], [0.1])
+
+
+def test_the_interval_is_the_same_for_the_same_data():
+    a, b = [0.1, 0.5, 0.3, 0.7, 0.2], [0.3, 0.6, 0.2, 0.9, 0.4]
+    assert paired_comparison(a, b) == paired_comparison(a, b)
+
+
+def test_percentiles():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([], 95) is None
