@@ -91,3 +91,51 @@ def browser_page(monkeypatch):
             yield browser.new_page()
         finally:
             browser.close()
+
+
+# ---- workflows ----
+
+
+@pytest.fixture
+def make_version(workspace):
+    """A workflow version of `workspace` from a DSL document (a new workflow each call)."""
+    from workflows.services import workflow_create, workflow_version_create
+
+    counter = {"n": 0}
+
+    def make(dsl: dict, *, name: str | None = None, workspace_=None):
+        counter["n"] += 1
+        workflow = workflow_create(workspace=workspace_ or workspace, name=name or f"workflow {counter['n']}")
+        version, _ = workflow_version_create(workflow=workflow, dsl=dsl)
+        return version
+
+    return make
+
+
+@pytest.fixture
+def invoke():
+    """Start an invocation of a version and drive its durable run in-process until it ends or
+    waits for the outside world; returns the refreshed invocation."""
+    from durable.inprocess import run_until_settled
+    from workflows.services import invocation_start
+
+    def run(version, input=None, **kwargs):
+        invocation = invocation_start(version=version, input=input if input is not None else {"text": "hello"},
+                                      **kwargs)
+        run_until_settled(invocation.durable_run_id, max_wait=30)
+        invocation.refresh_from_db()
+        return invocation
+
+    return run
+
+
+@pytest.fixture
+def settle():
+    from durable.inprocess import run_until_settled
+
+    def drive(invocation):
+        run_until_settled(invocation.durable_run_id, max_wait=30)
+        invocation.refresh_from_db()
+        return invocation
+
+    return drive
