@@ -1,15 +1,117 @@
-"""Workflows in the admin: versions are read-only history (their DSL as pretty JSON, their nodes,
-their parents); a workflow's name and description stay editable. Scoped to the user's workspaces."""
+"""Workflows in the admin, scoped to the staff user's workspaces (superusers see every workspace).
+
+- Workflows: name and description editable.
+- Versions: read-only history. The change page draws the graph (server-rendered SVG,
+  workflows/graph.py), lists the nodes, the unresolved tools and the genealogy (parents and
+  children), and shows the DSL as pretty JSON.
+- Invocations: read-only. The change page shows the totals, the payloads, a link to the durable run,
+  a per-node timeline and each node's messages; a node waiting for approval gets Approve / Reject
+  buttons and an active invocation a Cancel button (POST views that call workflows.services).
+- Node invocations, messages, context entries (their blob downloadable through the admin only) and
+  the LLM call cache: read-only.
+- MCP registry: servers editable, their versions and tools read-only; a user's server config keeps
+  its secrets write-only (never rendered back, only "set" / "not set").
+
+Models without a workspace column are scoped through their parent's (`workspace_field` lookups).
+"""
+
+from __future__ import annotations
 
 import json
+import re
+from pathlib import PurePosixPath
 
-from django.contrib import admin
-from django.utils.html import format_html
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import models
+from django.db.models import BooleanField, Count, DurationField, ExpressionWrapper, F, Prefetch, Q
+from django.http import FileResponse, Http404, HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
-from config.admin import ReadOnlyAdmin
-from workflows.models import NodeVersion, Workflow, WorkflowVersion
-from workspaces.admin_scope import WorkspaceScopedAdmin
+from config.admin import EstimatedCountPaginator, ReadOnlyAdmin
+from durable.admin import pretty_json
+from workflows import graph, services
+from workflows.models import (
+    ContextEntry,
+    LlmCall,
+    McpServer,
+    McpServerVersion,
+    McpTool,
+    Message,
+    NodeInvocation,
+    UserServerConfig,
+    Workflow,
+    WorkflowInvocation,
+    WorkflowVersion,
+)
+from workspaces.admin_scope import WorkspaceScopedAdmin, sees_everything, workspaces_for
 
+MESSAGE_LIMIT = 2000  # messages shown on an invocation's page; the Messages admin pages through the rest
+TEXT_LIMIT = 20_000  # characters of one message or node output shown on the page
+LONG_TEXT = 600  # longer texts start collapsed
+CHILDREN_LIMIT = 200
+
+
+def json_html(value):
+    if value is None or value == "" or value == {} or value == []:
+        return "-"
+    return format_html('<pre class="wf-json">{}</pre>', pretty_json(value))
+
+
+def seconds_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def usd(amount) -> str:
+    return f"${amount:,.6f}" if amount is not None else "-"
+
+
+def clipped(text: str, limit: int = TEXT_LIMIT) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n… ({len(text) - limit:,} more characters)"
+
+
+def excerpt(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def change_link(model_name: str, pk, label) -> str:
+    url = reverse(f"admin:workflows_{model_name}_change", args=[quote(pk)])
+    return format_html('<a href="{}">{}</a>', url, label)
+
+
+def durable_run_link(run_id: str | None):
+    if not run_id:
+        return "-"
+    return format_html('<a href="{}">{}</a>', reverse("admin:durable_durablerun_change", args=[quote(run_id)]),
+                       run_id)
+
+
+def full_object(model_admin, request, queryset, object_id):
+    """The change page's row, read whole in one query and in the user's scope (the changelist's
+    queryset defers the big columns); None for a missing, malformed or foreign id, as the admin expects."""
+    try:
+        return model_admin.scope(request, queryset).filter(pk=object_id).first()
+    except (ValueError, ValidationError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------ workflows
 
 @admin.register(Workflow)
 class WorkflowAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
@@ -20,33 +122,829 @@ class WorkflowAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     raw_id_fields = ("owner",)
 
 
-class NodeVersionInline(admin.TabularInline):
-    model = NodeVersion
-    fields = ("node_id", "llm_model", "handoff_type", "handoffs", "waiting_for", "tools", "requires_approval")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-
 @admin.register(WorkflowVersion)
 class WorkflowVersionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     workspace_field = "workflow__workspace"
-    list_display = ("short_hash", "workflow", "status", "operation", "commit_message", "avg_score", "created_at")
+    list_display = ("short_hash", "workflow", "status", "operation", "generation", "commit_message", "avg_score",
+                    "pass_rate", "created_at")
     list_filter = ("status", "operation")
     list_select_related = ("workflow",)
-    search_fields = ("=dsl_hash", "workflow__name", "commit_message")
-    fields = ("workflow", "dsl_hash", "status", "operation", "parent1", "parent2", "commit_message",
-              "unresolved_tools", "avg_score", "pass_rate", "created_at", "dsl_pretty")
+    search_fields = ("^dsl_hash", "workflow__name", "commit_message")
+    search_help_text = "The start of a version hash, a workflow name or words of a commit message."
+    ordering = ("-created_at", "-id")
+    change_form_template = "admin/workflows/workflowversion/change_form.html"
+    fields = ("workflow", "dsl_hash", "status", "operation", "generation", "commit_message", "unresolved",
+              "avg_score", "pass_rate", "created_by", "created_at", "invocations_link")
     readonly_fields = fields
-    inlines = (NodeVersionInline,)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("dsl", "input_schema", "output_schema")
+
+    def get_object(self, request, object_id, from_field=None):
+        return full_object(self, request, WorkflowVersion.objects.select_related("workflow", "created_by"),
+                           object_id)
 
     @admin.display(description="version", ordering="dsl_hash")
     def short_hash(self, version):
         return version.dsl_hash[:12]
 
-    @admin.display(description="DSL")
-    def dsl_pretty(self, version):
-        return format_html("<pre>{}</pre>", json.dumps(version.dsl, indent=2, sort_keys=True, ensure_ascii=False))
+    @admin.display(description="unresolved tools")
+    def unresolved(self, version):
+        if not version.unresolved_tools:
+            return "none"
+        return format_html('<span class="wf-unresolved">{}</span>', format_html_join(
+            " ", '<span class="wf-tag wf-tag-missing">{}</span>', ((name,) for name in version.unresolved_tools)))
+
+    @admin.display(description="invocations")
+    def invocations_link(self, version):
+        url = reverse("admin:workflows_workflowinvocation_changelist") + f"?workflow_version__id__exact={version.pk}"
+        return format_html('<a href="{}">invocations of this version</a>', url)
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if obj is not None:
+            context.update(self.version_context(request, obj))
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def version_context(self, request, version: WorkflowVersion) -> dict:
+        summary = ("pk", "dsl_hash", "operation", "status", "commit_message", "created_at")
+        parent_ids = [pk for pk in (version.parent1_id, version.parent2_id) if pk]
+        parents = {row.pk: row for row in self.scope(request, WorkflowVersion.objects.filter(pk__in=parent_ids))
+                   .only(*summary)} if parent_ids else {}
+        children = list(self.scope(request, WorkflowVersion.objects.filter(Q(parent1=version) | Q(parent2=version)))
+                        .only(*summary).order_by("created_at", "pk")[:CHILDREN_LIMIT + 1])
+
+        def row(role, item):
+            return {"role": role, "url": reverse("admin:workflows_workflowversion_change", args=[item.pk]),
+                    "hash": item.dsl_hash[:12], "operation": item.get_operation_display(),
+                    "status": item.get_status_display(), "message": item.commit_message}
+
+        unresolved = set(version.unresolved_tools or [])
+        nodes = []
+        for node in graph.dsl_nodes(version.dsl):
+            prompt = node.get("systemPrompt") or ""
+            code, mcp = graph.name_list(node.get("codeTools")), graph.name_list(node.get("mcpTools"))
+            nodes.append({
+                "id": node["nodeId"], "entry": node["nodeId"] == version.dsl.get("entryNodeId"),
+                "description": node.get("description") or "", "model": node.get("gatewayModelId") or "",
+                "tools": [{"name": name, "kind": kind, "unresolved": f"{node['nodeId']}.{name}" in unresolved}
+                          for kind, names in (("code", code), ("mcp", mcp)) for name in names],
+                "handoffs": graph.name_list(node.get("handOffs")), "handoff_type": node.get("handOffType") or "",
+                "wait_for": graph.name_list(node.get("waitFor")), "skills": graph.name_list(node.get("skills")),
+                "max_steps": node.get("maxSteps"), "requires_approval": bool(node.get("requiresApproval")),
+                "prompt": prompt, "prompt_excerpt": excerpt(prompt, 160), "prompt_long": len(prompt) > 160,
+            })
+        return {
+            "graph_svg": graph.dsl_svg(version.dsl, unresolved=unresolved),
+            "graph_nodes": nodes,
+            "parents": [row(f"parent {index}", parents[pk]) for index, pk in
+                        ((1, version.parent1_id), (2, version.parent2_id)) if pk in parents],
+            "children": [row("child", child) for child in children[:CHILDREN_LIMIT]],
+            "children_truncated": len(children) > CHILDREN_LIMIT,
+            "children_limit": CHILDREN_LIMIT,
+            "dsl_text": pretty_json(version.dsl),
+        }
+
+
+# ---------------------------------------------------------------------------------------- invocations
+
+class WorkspaceFilter(admin.SimpleListFilter):
+    """Choices from the user's workspaces: no DISTINCT over the invocations."""
+
+    title = "workspace"
+    parameter_name = "workspace"
+
+    def lookups(self, request, model_admin):
+        workspaces = workspaces_for(request).order_by("name").values_list("pk", "name")[:200]
+        return [(str(pk), name) for pk, name in workspaces]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(workspace_id=self.value()) if self.value() else queryset
+
+    def get_facet_counts(self, pk_attname, filtered_qs):
+        return {f"{index}__c": Count(pk_attname, filter=Q(workspace_id=value))
+                for index, (value, _label) in enumerate(self.lookup_choices)}
+
+
+class WorkflowFilter(admin.SimpleListFilter):
+    """Choices from the workflows of the user's workspaces: no DISTINCT over the invocations."""
+
+    title = "workflow"
+    parameter_name = "workflow"
+
+    def lookups(self, request, model_admin):
+        workflows = Workflow.objects.filter(workspace__in=workspaces_for(request)).order_by("name", "pk")
+        return [(str(pk), name) for pk, name in workflows.values_list("pk", "name")[:200]]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(workflow_version__workflow_id=self.value()) if self.value() else queryset
+
+    def get_facet_counts(self, pk_attname, filtered_qs):
+        return {f"{index}__c": Count(pk_attname, filter=Q(workflow_version__workflow_id=value))
+                for index, (value, _label) in enumerate(self.lookup_choices)}
+
+
+class DecisionForm(forms.Form):
+    node_seq = forms.IntegerField(min_value=1)
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    comment = forms.CharField(required=False, max_length=10_000, widget=forms.Textarea(attrs={"rows": 2}))
+
+
+def status_badge(status: str, label: str):
+    return format_html('<span class="wf-status wf-status-{}">{}</span>', status, label)
+
+
+@admin.register(WorkflowInvocation)
+class WorkflowInvocationAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+    list_display = ("id", "workflow_name", "version_link", "status_display", "cost", "tokens", "node_count",
+                    "created_at", "duration_display")
+    list_display_links = ("id",)
+    list_filter = ("status", WorkflowFilter, WorkspaceFilter)
+    list_select_related = ("workflow_version__workflow",)
+    search_fields = ("id",)  # see get_search_results
+    search_help_text = "An invocation id, a durable run id, the start of a version hash, or a workflow name."
+    ordering = ("-created_at", "-id")
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    list_per_page = 50
+    actions = ("cancel_invocations",)
+    change_form_template = "admin/workflows/workflowinvocation/change_form.html"
+    fieldsets = (
+        (None, {"fields": ("workspace", "version_link", "status_display", "created_by", "created_at", "started_at",
+                           "ended_at", "duration_display", "run_link")}),
+        ("Totals", {"fields": ("cost_display", "tokens", "llm_calls_display", "nodes_display", "fitness_score")}),
+        ("Payloads", {"fields": ("input_pretty", "output_pretty", "error_pretty")}),
+    )
+    readonly_fields = ("workspace", "version_link", "status_display", "created_by", "created_at", "started_at",
+                       "ended_at", "duration_display", "run_link", "cost_display", "tokens", "llm_calls_display",
+                       "nodes_display", "fitness_score", "input_pretty", "output_pretty", "error_pretty")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("workflow_version__workflow").defer(
+            "input", "output", "error", "workflow_version__dsl",
+                                                   "workflow_version__input_schema",
+                                                   "workflow_version__output_schema").annotate(
+            duration=ExpressionWrapper(F("ended_at") - F("started_at"), output_field=DurationField()))
+
+    def get_object(self, request, object_id, from_field=None):
+        queryset = WorkflowInvocation.objects.select_related("workflow_version__workflow", "workspace", "created_by") \
+            .defer("workflow_version__dsl", "workflow_version__input_schema", "workflow_version__output_schema")
+        return full_object(self, request, queryset, object_id)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        match = Q(durable_run_id=term) | Q(workflow_version__workflow__name__icontains=term)
+        if term.isdigit() and term.isascii():
+            match |= Q(pk=int(term))
+        if re.fullmatch(r"[0-9a-fA-F]{6,64}", term):
+            match |= Q(workflow_version__dsl_hash__startswith=term.lower())
+        return queryset.filter(match), False
+
+    # ------------------------------------------------------------------------------ columns and fields
+
+    @admin.display(description="workflow", ordering="workflow_version__workflow__name")
+    def workflow_name(self, invocation):
+        return invocation.workflow_version.workflow.name
+
+    @admin.display(description="version")
+    def version_link(self, invocation):
+        return change_link("workflowversion", invocation.workflow_version_id, invocation.workflow_version.dsl_hash[:12])
+
+    @admin.display(description="status", ordering="status")
+    def status_display(self, invocation):
+        return status_badge(invocation.status, invocation.get_status_display())
+
+    @admin.display(description="cost", ordering="usd_cost")
+    def cost(self, invocation):
+        return usd(invocation.usd_cost)
+
+    @admin.display(description="tokens (in / out)", ordering="input_tokens")
+    def tokens(self, invocation):
+        return f"{invocation.input_tokens:,} / {invocation.output_tokens:,}"
+
+    @admin.display(description="cost")
+    def cost_display(self, invocation):
+        return f"{usd(invocation.usd_cost)} (budget {usd(invocation.usd_budget)})"
+
+    @admin.display(description="LLM calls")
+    def llm_calls_display(self, invocation):
+        return f"{invocation.llm_calls:,} ({invocation.cache_hits:,} answered by the cache)"
+
+    @admin.display(description="node invocations")
+    def nodes_display(self, invocation):
+        return f"{invocation.node_count:,} (budget {invocation.node_budget:,})"
+
+    @admin.display(description="duration", ordering="duration")
+    def duration_display(self, invocation):
+        if invocation.started_at is None:
+            return "-"
+        if invocation.ended_at is None:
+            return f"{seconds_text((timezone.now() - invocation.started_at).total_seconds())} so far"
+        return seconds_text((invocation.ended_at - invocation.started_at).total_seconds())
+
+    @admin.display(description="durable run")
+    def run_link(self, invocation):
+        return durable_run_link(invocation.durable_run_id)
+
+    @admin.display(description="input")
+    def input_pretty(self, invocation):
+        return json_html(invocation.input)
+
+    @admin.display(description="output")
+    def output_pretty(self, invocation):
+        return json_html(invocation.output)
+
+    @admin.display(description="error")
+    def error_pretty(self, invocation):
+        return format_html('<pre class="wf-json wf-error">{}</pre>', invocation.error) if invocation.error else "-"
+
+    # ------------------------------------------------------------------------------------ change page
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if obj is not None:
+            context.update(self.invocation_context(request, obj))
+            version = obj.workflow_version
+            context["subtitle"] = f"Invocation {obj.pk} of {version.workflow.name} @ {version.dsl_hash[:12]}"
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def invocation_context(self, request, invocation: WorkflowInvocation) -> dict:
+        nodes = list(NodeInvocation.objects.filter(workflow_invocation=invocation).order_by("seq"))
+        rows = list(Message.objects.filter(workflow_invocation=invocation).order_by("seq")[:MESSAGE_LIMIT + 1])
+        entries = list(ContextEntry.objects.filter(workflow_invocation=invocation).order_by("created_at", "pk")
+                       .defer("metadata"))
+        by_node: dict[int | None, list[dict]] = {}
+        for message in rows[:MESSAGE_LIMIT]:
+            by_node.setdefault(message.node_invocation_id, []).append(message_view(message))
+        seq_of = {node.pk: node.seq for node in nodes}
+        can_act = self.has_act_permission(request)
+        return {
+            "timeline": timeline(invocation, nodes),
+            "node_views": [node_view(node, by_node.get(node.pk, []), can_act) for node in nodes],
+            "loose_messages": by_node.get(None, []),
+            "messages_truncated": len(rows) > MESSAGE_LIMIT,
+            "message_limit": MESSAGE_LIMIT,
+            "messages_url": reverse("admin:workflows_message_changelist") + f"?q={invocation.pk}",
+            "context_entries": [{
+                "key": entry.key, "scope": entry.get_scope_display(), "size": entry.size,
+                "content_type": entry.content_type, "summary": excerpt(entry.summary, 200),
+                "node_seq": seq_of.get(entry.node_invocation_id),
+                "url": reverse("admin:workflows_contextentry_change", args=[entry.pk]),
+                "download_url": reverse("admin:workflows_contextentry_download", args=[entry.pk]),
+            } for entry in entries],
+            "can_act": can_act,
+            "can_cancel": can_act and invocation.status not in WorkflowInvocation.TERMINAL,
+            "cancel_url": reverse("admin:workflows_workflowinvocation_cancel", args=[quote(invocation.pk)]),
+            "decide_url": reverse("admin:workflows_workflowinvocation_decide", args=[quote(invocation.pk)]),
+        }
+
+    # ---------------------------------------------------------------------------------------- actions
+
+    def has_act_permission(self, request) -> bool:
+        """Deciding and cancelling change an invocation: the model's change permission (the admin itself
+        stays read-only)."""
+        return request.user.has_perm(f"{self.opts.app_label}.change_{self.opts.model_name}")
+
+    def get_urls(self):
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path("<path:object_id>/decide/", self.admin_site.admin_view(self.decide_view),
+                 name=f"{info}_decide"),
+            path("<path:object_id>/cancel/", self.admin_site.admin_view(self.cancel_view),
+                 name=f"{info}_cancel"),
+            *super().get_urls(),
+        ]
+
+    def _acting_on(self, request, object_id):
+        """The invocation a POST acts on, or the response that refuses it."""
+        if request.method != "POST":
+            return None, HttpResponseNotAllowed(["POST"])
+        invocation = self.get_object(request, unquote(object_id))
+        if invocation is None:  # missing or of another workspace: as the change page does
+            return None, self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if not self.has_view_permission(request, invocation) or not self.has_act_permission(request):
+            raise PermissionDenied
+        return invocation, None
+
+    def _back(self, invocation, anchor: str = ""):
+        url = reverse("admin:workflows_workflowinvocation_change", args=[quote(invocation.pk)])
+        return HttpResponseRedirect(url + (f"#{anchor}" if anchor else ""))
+
+    def decide_view(self, request, object_id):
+        invocation, refused = self._acting_on(request, object_id)
+        if refused is not None:
+            return refused
+        form = DecisionForm(request.POST)
+        if not form.is_valid():
+            errors = "; ".join(f"{field}: {' '.join(problems)}" for field, problems in form.errors.items())
+            self.message_user(request, f"Not recorded: {errors}", messages.ERROR)
+            return self._back(invocation)
+        data = form.cleaned_data
+        try:
+            node = services.invocation_decide(invocation=invocation, decision=data["decision"],
+                                              comment=data["comment"], user=request.user, node_seq=data["node_seq"])
+        except (services.InvalidInvocationState, services.InvocationRefused) as exc:
+            self.message_user(request, f"Not recorded: {exc}", messages.ERROR)
+            return self._back(invocation, f"node-{data['node_seq']}")
+        verb = "Approved" if data["decision"] == "approve" else "Rejected"
+        self.message_user(request, f"{verb} node {node.node_id} (#{node.seq}) of invocation {invocation.pk}; "
+                                   "the run goes on with the decision.", messages.SUCCESS)
+        return self._back(invocation, f"node-{node.seq}")
+
+    def cancel_view(self, request, object_id):
+        invocation, refused = self._acting_on(request, object_id)
+        if refused is not None:
+            return refused
+        if services.invocation_cancel(invocation=invocation, reason=f"cancelled by {request.user} in the admin"):
+            self.message_user(request, f"Cancelled invocation {invocation.pk}.", messages.SUCCESS)
+        else:
+            self.message_user(request, f"Invocation {invocation.pk} was not cancelled: it is {invocation.status} "
+                                       "(only queued, running or waiting invocations with an active run are "
+                                       "cancelled).", messages.ERROR)
+        return self._back(invocation)
+
+    def has_cancel_permission(self, request):
+        return self.has_act_permission(request)
+
+    @admin.action(description="Cancel selected queued, running or waiting invocations", permissions=["cancel"])
+    def cancel_invocations(self, request, queryset):
+        selected = queryset.count()
+        eligible = queryset.exclude(status__in=WorkflowInvocation.TERMINAL).order_by("pk")[:500]
+        cancelled = sum(1 for invocation in eligible
+                        if services.invocation_cancel(invocation=invocation,
+                                                      reason=f"cancelled by {request.user} in the admin"))
+        self.message_user(request, f"Cancelled {cancelled} of {selected} selected invocations (only queued, running "
+                                   "or waiting ones are cancelled; at most 500 at once).", messages.SUCCESS)
+
+
+def timeline(invocation: WorkflowInvocation, nodes: list[NodeInvocation]) -> dict:
+    """Bars for the node invocations, positioned (in % of the invocation's span) by their start and
+    end relative to the invocation's start; a node still running ends now."""
+    now = timezone.now()
+    active = invocation.status not in WorkflowInvocation.TERMINAL
+    starts = [node.started_at for node in nodes if node.started_at]
+    ends = [node.ended_at for node in nodes if node.ended_at]
+    origin = invocation.started_at or (min(starts) if starts else None) or invocation.created_at
+    finish = invocation.ended_at or max([*ends, *starts, origin])
+    if active:
+        finish = max(finish, now)
+    total = max((finish - origin).total_seconds(), 0.001)
+    bars = []
+    for node in nodes:
+        start = node.started_at or origin
+        end = node.ended_at or (now if active and node.status in (NodeInvocation.Status.RUNNING,
+                                                                   NodeInvocation.Status.WAITING) else start)
+        left = min(max((start - origin).total_seconds() / total * 100, 0), 100)
+        width = min(max((end - start).total_seconds() / total * 100, 0.4), 100 - left if left < 100 else 0.4)
+        bars.append({
+            "seq": node.seq, "node_id": node.node_id, "status": node.status, "label": node.get_status_display(),
+            "left": f"{left:.3f}", "width": f"{width:.3f}", "open": node.ended_at is None,
+            "offset": seconds_text((start - origin).total_seconds()) if node.started_at else "-",
+            "duration": seconds_text((end - start).total_seconds()) if node.started_at else "-",
+        })
+    ticks = [{"left": f"{fraction * 100:.0f}", "label": seconds_text(total * fraction)}
+             for fraction in (0, 0.25, 0.5, 0.75, 1)]
+    return {"bars": bars, "ticks": ticks, "total": seconds_text(total), "origin": origin}
+
+
+HANDOFF_ROLES = {Message.Role.DELEGATION, Message.Role.RESULT, Message.Role.FEEDBACK, Message.Role.DATA,
+                 Message.Role.ERROR, Message.Role.CONTROL, Message.Role.AGGREGATED, Message.Role.SEQUENTIAL}
+
+
+def _text(value) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else pretty_json(value)
+
+
+def message_view(message: Message) -> dict:
+    """What the page shows of one message: its text (a conversation's content or a hand-off's text),
+    the tool calls an answer asked for, a tool result's call, and the usage of a model answer."""
+    payload = message.payload if isinstance(message.payload, dict) else {"content": message.payload}
+    text = _text(payload.get("text") if "text" in payload and "content" not in payload else payload.get("content"))
+    calls = []
+    for call in payload.get("tool_calls") or []:
+        if isinstance(call, dict):
+            calls.append({"name": _text(call.get("name")), "id": _text(call.get("id")),
+                          "arguments": pretty_json(call.get("arguments") if call.get("arguments") else
+                                                   call.get("raw") or {})})
+    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else None
+    extra = {key: value for key, value in payload.items()
+             if key not in ("text", "content", "tool_calls", "usage", "cache_hit", "model", "latency_ms", "purpose",
+                            "name", "arguments", "tool_call_id", "error", "context_key")}
+    return {
+        "seq": message.seq, "role": message.role, "role_label": message.get_role_display(),
+        "handoff": message.role in HANDOFF_ROLES,
+        "from": message.from_node_id, "to": message.to_node_id,
+        "text": clipped(text), "long": len(text) > LONG_TEXT, "preview": excerpt(text, 240),
+        "tool_calls": calls,
+        "tool": {"name": _text(payload.get("name")), "arguments": pretty_json(payload.get("arguments") or {}),
+                 "error": bool(payload.get("error")), "context_key": _text(payload.get("context_key")),
+                 "call_id": _text(payload.get("tool_call_id"))} if message.role == Message.Role.TOOL else None,
+        "usage": {"input": usage.get("input_tokens"), "output": usage.get("output_tokens"),
+                  "model": _text(payload.get("model") or usage.get("model")),
+                  "cache_hit": bool(payload.get("cache_hit")), "latency_ms": payload.get("latency_ms"),
+                  "purpose": _text(payload.get("purpose"))} if usage else None,
+        "extra": pretty_json(extra) if extra else "",
+    }
+
+
+def node_view(node: NodeInvocation, node_messages: list[dict], can_act: bool) -> dict:
+    approval = node.approval if isinstance(node.approval, dict) else None
+    sent = approval.get("sent") if approval and isinstance(approval.get("sent"), dict) else None
+    decided = approval if approval and not approval.get("pending") and approval.get("decision") else None
+    return {
+        "seq": node.seq, "node_id": node.node_id, "status": node.status, "status_label": node.get_status_display(),
+        "model": node.model, "attempt": node.attempt,
+        "input_tokens": node.input_tokens, "output_tokens": node.output_tokens, "usd_cost": usd(node.usd_cost),
+        "llm_calls": node.llm_calls, "cache_hits": node.cache_hits, "tool_calls": node.tool_calls,
+        "duration": seconds_text(node.duration_ms / 1000) if node.duration_ms is not None else "-",
+        "error": node.error, "next_nodes": node.next_nodes or [],
+        "input": clipped(node.input), "input_long": len(node.input) > LONG_TEXT,
+        "output": clipped(node.output), "output_long": len(node.output) > LONG_TEXT,
+        "url": reverse("admin:workflows_nodeinvocation_change", args=[node.pk]),
+        "awaiting_decision": bool(node.status == NodeInvocation.Status.WAITING and approval
+                                  and approval.get("pending") and not sent),
+        "can_decide": can_act,
+        "sent": sent, "decided": decided,
+        "messages": node_messages,
+    }
+
+
+# ------------------------------------------------------------------------------- node invocations etc.
+
+@admin.register(NodeInvocation)
+class NodeInvocationAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+    workspace_field = "workflow_invocation__workspace"
+    list_display = ("__str__", "invocation_link", "seq", "node_id", "status", "model", "tokens", "usd_cost",
+                    "started_at", "duration")
+    list_filter = ("status",)
+    search_fields = ("=node_id",)  # see get_search_results
+    search_help_text = "An invocation id (its node invocations) or a node id."
+    ordering = ("-workflow_invocation_id", "seq")
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    fields = ("invocation_link", "seq", "node_id", "attempt", "status", "model", "usd_cost", "input_tokens",
+              "output_tokens", "llm_calls", "cache_hits", "tool_calls", "started_at", "ended_at", "duration",
+              "next_nodes", "approval_pretty", "error", "input", "summary", "output", "messages_link")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("input", "output", "summary", "large_summary")
+
+    def get_object(self, request, object_id, from_field=None):
+        return full_object(self, request, NodeInvocation.objects.all(), object_id)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if term.isdigit() and term.isascii():
+            return queryset.filter(Q(workflow_invocation_id=int(term)) | Q(node_id=term)), False
+        return super().get_search_results(request, queryset, search_term)
+
+    @admin.display(description="invocation", ordering="workflow_invocation_id")
+    def invocation_link(self, node):
+        return change_link("workflowinvocation", node.workflow_invocation_id, node.workflow_invocation_id)
+
+    @admin.display(description="tokens (in / out)")
+    def tokens(self, node):
+        return f"{node.input_tokens:,} / {node.output_tokens:,}"
+
+    @admin.display(description="duration")
+    def duration(self, node):
+        return seconds_text(node.duration_ms / 1000) if node.duration_ms is not None else "-"
+
+    @admin.display(description="approval")
+    def approval_pretty(self, node):
+        return json_html(node.approval)
+
+    @admin.display(description="messages")
+    def messages_link(self, node):
+        url = reverse("admin:workflows_message_changelist") + f"?node_invocation__id__exact={node.pk}"
+        return format_html('<a href="{}">messages of this node invocation</a>', url)
+
+
+@admin.register(Message)
+class MessageAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+    workspace_field = "workflow_invocation__workspace"
+    list_display = ("seq", "invocation_link", "role", "route", "preview", "created_at")
+    list_filter = ("role",)
+    search_fields = ("=from_node_id", "=to_node_id")  # see get_search_results
+    search_help_text = "An invocation id (all its messages, in order) or a node id."
+    ordering = ("-workflow_invocation_id", "seq")
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    list_per_page = 100
+    fields = ("invocation_link", "node_invocation_link", "seq", "role", "from_node_id", "to_node_id", "payload_pretty",
+              "created_at")
+    readonly_fields = fields
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if term.isdigit() and term.isascii():
+            match = Q(workflow_invocation_id=int(term)) | Q(from_node_id=term) | Q(to_node_id=term)
+            return queryset.filter(match), False
+        return super().get_search_results(request, queryset, search_term)
+
+    @admin.display(description="invocation", ordering="workflow_invocation_id")
+    def invocation_link(self, message):
+        return change_link("workflowinvocation", message.workflow_invocation_id, message.workflow_invocation_id)
+
+    @admin.display(description="node invocation")
+    def node_invocation_link(self, message):
+        if not message.node_invocation_id:
+            return "-"
+        return change_link("nodeinvocation", message.node_invocation_id, f"#{message.node_invocation_id}")
+
+    @admin.display(description="from → to")
+    def route(self, message):
+        return f"{message.from_node_id or '-'} → {message.to_node_id or '-'}"
+
+    @admin.display(description="message")
+    def preview(self, message):
+        view = message_view(message)
+        if view["tool_calls"]:
+            return excerpt(view["text"] + " [calls " + ", ".join(call["name"] for call in view["tool_calls"]) + "]",
+                           160)
+        return excerpt(view["text"], 160)
+
+    @admin.display(description="payload")
+    def payload_pretty(self, message):
+        return json_html(message.payload)
+
+
+@admin.register(ContextEntry)
+class ContextEntryAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+    """The blob is served by this admin only (scoped, as an attachment), never from a public media URL."""
+
+    workspace_field = "workflow_invocation__workspace"
+    list_display = ("key", "scope", "invocation_link", "size", "content_type", "created_at", "download_link")
+    list_filter = ("scope",)
+    search_fields = ("=key",)  # see get_search_results
+    search_help_text = "An invocation id (its entries) or a key."
+    ordering = ("-created_at", "-id")
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    fields = ("invocation_link", "node_invocation_link", "scope", "key", "size", "content_type", "summary",
+              "metadata_pretty", "download_link", "created_at")
+    readonly_fields = fields
+    # served inline only as plain text or JSON; anything else (HTML, SVG...) is a download of bytes
+    SAFE_TYPES = {"text/plain", "application/json", "text/csv", "text/markdown"}
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if term.isdigit() and term.isascii():
+            return queryset.filter(Q(workflow_invocation_id=int(term)) | Q(key=term)), False
+        return super().get_search_results(request, queryset, search_term)
+
+    def get_urls(self):
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [path("<path:object_id>/download/", self.admin_site.admin_view(self.download_view),
+                     name=f"{info}_download"), *super().get_urls()]
+
+    def download_view(self, request, object_id):
+        entry = self.get_object(request, unquote(object_id))
+        if entry is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if not self.has_view_permission(request, entry):
+            raise PermissionDenied
+        try:
+            blob = entry.data.open("rb")
+        except (FileNotFoundError, ValueError):
+            raise Http404("The blob of this context entry is missing from storage.") from None
+        content_type = entry.content_type.split(";")[0].strip().lower()
+        content_type = f"{content_type}; charset=utf-8" if content_type in self.SAFE_TYPES \
+            else "application/octet-stream"
+        response = FileResponse(blob, as_attachment=True, filename=PurePosixPath(entry.data.name).name or entry.key,
+                                content_type=content_type)
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Content-Security-Policy"] = "sandbox"
+        return response
+
+    @admin.display(description="invocation", ordering="workflow_invocation_id")
+    def invocation_link(self, entry):
+        return change_link("workflowinvocation", entry.workflow_invocation_id, entry.workflow_invocation_id)
+
+    @admin.display(description="node invocation")
+    def node_invocation_link(self, entry):
+        if not entry.node_invocation_id:
+            return "-"
+        return change_link("nodeinvocation", entry.node_invocation_id, f"#{entry.node_invocation_id}")
+
+    @admin.display(description="metadata")
+    def metadata_pretty(self, entry):
+        return json_html(entry.metadata)
+
+    @admin.display(description="blob")
+    def download_link(self, entry):
+        url = reverse("admin:workflows_contextentry_download", args=[entry.pk])
+        return format_html('<a href="{}">download ({} bytes)</a>', url, entry.size)
+
+
+@admin.register(LlmCall)
+class LlmCallAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+    list_display = ("short_key", "provider", "model", "hits", "input_tokens", "output_tokens", "usd_cost",
+                    "created_at", "last_hit_at")
+    list_filter = (WorkspaceFilter,)
+    search_fields = ("^key", "=model")
+    search_help_text = "The start of a cache key, or a model name."
+    ordering = ("-created_at", "-id")
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    fields = ("workspace", "key", "provider", "model", "hits", "input_tokens", "output_tokens", "usd_cost",
+              "created_at", "last_hit_at", "response_pretty")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("response")
+
+    def get_object(self, request, object_id, from_field=None):
+        return full_object(self, request, LlmCall.objects.select_related("workspace"), object_id)
+
+    @admin.display(description="key", ordering="key")
+    def short_key(self, call):
+        return call.key[:16]
+
+    @admin.display(description="response")
+    def response_pretty(self, call):
+        return json_html(call.response)
+
+
+# --------------------------------------------------------------------------------------- MCP registry
+
+class McpServerVersionInline(admin.TabularInline):
+    model = McpServerVersion
+    fields = ("version", "spec_version", "status", "manifest_hash", "synced_at", "tool_names")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    ordering = ("-synced_at",)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related(
+            Prefetch("tools", queryset=McpTool.objects.only("pk", "name", "server_version_id").order_by("name")))
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="tools")
+    def tool_names(self, version):
+        return ", ".join(tool.name for tool in version.tools.all()) or "-"
+
+
+@admin.register(McpServer)
+class McpServerAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
+    list_display = ("slug", "display_name", "workspace", "url", "active_version", "updated_at")
+    list_filter = [("workspace", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ("workspace",)
+    search_fields = ("slug", "display_name", "url")
+    fields = ("workspace", "slug", "display_name", "url", "description", "repository_url", "created_at", "updated_at")
+    readonly_fields = ("created_at", "updated_at")
+    inlines = (McpServerVersionInline,)
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related(Prefetch(
+            "versions", queryset=McpServerVersion.objects.filter(status=McpServerVersion.Status.ACTIVE)
+            .annotate(tool_count=Count("tools")), to_attr="active_versions"))
+
+    @admin.display(description="active version")
+    def active_version(self, server):
+        active = server.active_versions[0] if server.active_versions else None
+        if active is None:
+            return "not synced"
+        return f"{active.version or active.manifest_hash[:12]} ({active.tool_count} tools)"
+
+
+class McpToolInline(admin.TabularInline):
+    model = McpTool
+    fields = ("name", "description", "input_schema_pretty")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ("name",)
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="input schema")
+    def input_schema_pretty(self, tool):
+        return json_html(tool.input_schema)
+
+
+@admin.register(McpServerVersion)
+class McpServerVersionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+    workspace_field = "server__workspace"
+    list_display = ("server", "version", "spec_version", "status", "tool_count", "synced_at")
+    list_filter = ("status",)
+    list_select_related = ("server",)
+    search_fields = ("server__slug", "version")
+    ordering = ("server__slug", "-synced_at")
+    fields = ("server", "version", "spec_version", "status", "manifest_hash", "synced_at", "capabilities_pretty")
+    readonly_fields = fields
+    inlines = (McpToolInline,)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(tool_count=Count("tools"))
+
+    @admin.display(description="tools", ordering="tool_count")
+    def tool_count(self, version):
+        return version.tool_count
+
+    @admin.display(description="capabilities")
+    def capabilities_pretty(self, version):
+        return json_html(version.capabilities)
+
+
+class UserServerConfigForm(forms.ModelForm):
+    """The secrets are write-only: the form never holds them; filling `new_secrets` replaces them."""
+
+    new_secrets = forms.CharField(
+        label="replace secrets", required=False, strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password", "size": 60}),
+        help_text='A JSON object of header names to values, e.g. {"Authorization": "Bearer ..."}; encrypted at rest '
+                  "and never shown again. Leave empty to keep the current secrets.")
+    clear_secrets = forms.BooleanField(label="clear secrets", required=False)
+
+    class Meta:
+        model = UserServerConfig
+        fields = ("user", "server", "config", "enabled")
+
+    def clean_new_secrets(self):
+        text = self.cleaned_data["new_secrets"]
+        if not text:
+            return ""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise ValidationError("Not valid JSON (the value is not shown back; type it again).") from None
+        if not isinstance(value, dict) or not all(isinstance(key, str) and isinstance(item, str)
+                                                  for key, item in value.items()):
+            raise ValidationError("Give a JSON object of header names to string values.")
+        return json.dumps(value, sort_keys=True)
+
+    def clean_config(self):
+        config = self.cleaned_data.get("config") or {}
+        if not isinstance(config, dict):
+            raise ValidationError("Give a JSON object (for example {\"headers\": {...}}).")
+        headers = config.get("headers", {})
+        if not isinstance(headers, dict) or not all(isinstance(value, str) for value in headers.values()):
+            raise ValidationError("`headers` must be an object of header names to strings.")
+        return config
+
+    def clean(self):
+        data = super().clean()
+        if data.get("new_secrets") and data.get("clear_secrets"):
+            raise ValidationError("Either replace the secrets or clear them, not both.")
+        return data
+
+
+@admin.register(UserServerConfig)
+class UserServerConfigAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
+    """Scoped through the server's workspace; a staff user who is not a superuser sees and edits only
+    their own configs (another user's headers are theirs)."""
+
+    workspace_field = "server__workspace"
+    form = UserServerConfigForm
+    list_display = ("user", "server", "enabled", "secrets_state", "updated_at")
+    list_filter = ("enabled",)
+    list_select_related = ("user", "server")
+    search_fields = ("server__slug", "user__username")
+    raw_id_fields = ("user",)
+    fields = ("user", "server", "config", "enabled", "secrets_state", "new_secrets", "clear_secrets", "created_at",
+              "updated_at")
+    readonly_fields = ("secrets_state", "created_at", "updated_at")
+
+    def get_queryset(self, request):
+        # the secrets column is never read here (not even decrypted): only whether it is empty
+        queryset = super().get_queryset(request).defer("secrets").annotate(
+            secrets_set=ExpressionWrapper(~Q(secrets=""), output_field=BooleanField()))
+        return queryset if sees_everything(request) else queryset.filter(user=request.user)
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "user" and not sees_everything(request):
+            kwargs["queryset"] = get_user_model().objects.filter(pk=request.user.pk)
+            kwargs["initial"] = request.user.pk
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def get_changeform_initial_data(self, request):
+        return {"user": request.user.pk, **super().get_changeform_initial_data(request)}
+
+    @admin.display(description="secrets")
+    def secrets_state(self, config):
+        if config.pk is None:
+            return "not set"
+        return "set" if getattr(config, "secrets_set", False) else "not set"
+
+    def save_model(self, request, obj, form, change):
+        if form.cleaned_data.get("clear_secrets"):
+            obj.secrets = ""
+        elif form.cleaned_data.get("new_secrets"):
+            obj.secrets = form.cleaned_data["new_secrets"]
+        super().save_model(request, obj, form, change)

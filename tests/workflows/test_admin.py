@@ -1,15 +1,141 @@
-"""The workflows admin shows a staff member only their workspaces' workflows, in the list and its filters."""
+"""The workflows admin: what an operator sees of versions (graph, nodes, genealogy) and invocations
+(timeline, messages, approvals, cancel), the read-only history admins, the MCP registry, and the
+guarantees around them: workspace scope, escaped user text, write-only secrets, query budgets."""
+
+import json
+import re
+from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.contrib.messages import get_messages
+from django.core.files.base import ContentFile
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
+from durable import engine
+from durable.inprocess import run_until_settled
+from durable.models import BufferedSignal, DurableRun
 from tests.factories import MembershipFactory
-from workflows.services import workflow_create
+from tests.workflows.test_dsl import SEED_EXPORT
+from workflows import graph
+from workflows.models import (
+    ContextEntry,
+    LlmCall,
+    McpServer,
+    McpServerVersion,
+    McpTool,
+    Message,
+    NodeInvocation,
+    UserServerConfig,
+    WorkflowInvocation,
+)
+from workflows.services import invocation_start, workflow_create, workflow_version_create
 
 pytestmark = pytest.mark.django_db
 
+XSS_ID = '<script>alert("id")</script>'
+XSS_PROMPT = '<img src=x onerror=alert("prompt")>'
+
+
+@pytest.fixture(autouse=True)
+def _no_celery_dispatch(settings, tmp_path):
+    """Runs are driven in-process here (run_until_settled); blobs go to a temporary media root."""
+    settings.DURABLE_DISPATCH_ENABLED = False
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+
+
+def staff_user(username: str, workspace, *, codenames=None):
+    """A staff member of `workspace` with the workflows app's permissions (`codenames` to narrow them)."""
+    user = get_user_model().objects.create_user(username, password="x", is_staff=True)
+    permissions = Permission.objects.filter(content_type__app_label="workflows")
+    if codenames is not None:
+        permissions = permissions.filter(codename__in=codenames)
+    user.user_permissions.add(*permissions)
+    MembershipFactory(user=user, workspace=workspace)
+    return user
+
+
+@pytest.fixture
+def staff(workspace):
+    return staff_user("acme-staff", workspace)
+
+
+@pytest.fixture
+def staff_client(staff):
+    client = Client()
+    client.force_login(staff)
+    return client
+
+
+@pytest.fixture
+def outsider_client(other_workspace):
+    client = Client()
+    client.force_login(staff_user("globex-staff", other_workspace))
+    return client
+
+
+@pytest.fixture
+def workflow(workspace):
+    return workflow_create(workspace=workspace, name="research")
+
+
+def cyclic_dsl(**changes) -> dict:
+    """An orchestrator loop with every kind of edge: conditional, parallel, waitFor, a cycle, `end`."""
+    def node(node_id, **fields):
+        return {"nodeId": node_id, "gatewayModelId": "gpt-4.1-mini", "systemPrompt": f"You are {node_id}.", **fields}
+
+    document = {"entryNodeId": "orchestrator", "nodes": [
+        node("orchestrator", handOffs=["search", "end"], handOffType="conditional", codeTools=["knowledge_search"]),
+        node("search", handOffs=["left", "right"], handOffType="parallel", mcpTools=["tavily"]),
+        node("left", handOffs=["merge"]),
+        node("right", handOffs=["merge"]),
+        node("merge", waitFor=["left", "right"], handOffs=["orchestrator"], requiresApproval=True),
+    ]}
+    document.update(changes)
+    return document
+
+
+def change_url(model: str, pk) -> str:
+    return reverse(f"admin:workflows_{model}_change", args=[pk])
+
+
+def messages_of(response) -> list[str]:
+    return [str(message) for message in get_messages(response.wsgi_request)]
+
+
+def make_invocation(version, *, status="running", started=None, ended=None, **fields) -> WorkflowInvocation:
+    return WorkflowInvocation.objects.create(
+        workspace=version.workflow.workspace, workflow_version=version, status=status, usd_budget=Decimal("1"),
+        started_at=started, ended_at=ended, **fields)
+
+
+def make_node(invocation, seq, node_id, *, status="completed", started=None, ended=None, **fields) -> NodeInvocation:
+    return NodeInvocation.objects.create(workflow_invocation=invocation, seq=seq, node_id=node_id, status=status,
+                                         started_at=started, ended_at=ended, **fields)
+
+
+def make_message(invocation, node, seq, role, payload, *, source="", target="") -> Message:
+    return Message.objects.create(workflow_invocation=invocation, node_invocation=node, seq=seq, role=role,
+                                  payload=payload, from_node_id=source, to_node_id=target)
+
+
+def waiting_invocation(version, *, run_id="wfi-test-1"):
+    """An invocation whose node #1 waits for approval on a real (pending) durable run of its workspace."""
+    engine.create_run(run_id=run_id, workflow="workflows.invoke", input={}, dispatch=False,
+                      namespace=version.workflow.workspace.namespace)
+    invocation = make_invocation(version, status="waiting", started=timezone.now(), durable_run_id=run_id)
+    node = make_node(invocation, 1, "merge", status="waiting", started=timezone.now(), output="draft answer",
+                     approval={"pending": True, "run_id": run_id, "signal": "approval:1"})
+    return invocation, node
+
+
+# ----------------------------------------------------------------------------------------- the lists
 
 def test_the_workflow_list_and_its_workspace_filter_show_only_the_users_workspaces(client, workspace,
                                                                                       other_workspace):
@@ -25,3 +151,571 @@ def test_the_workflow_list_and_its_workspace_filter_show_only_the_users_workspac
     assert "globex-research" in html and "Globex" in html
     assert "acme-research" not in html
     assert workspace.name not in html  # not even as a choice of the workspace filter
+
+
+def test_every_workflows_changelist_opens(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation, node = waiting_invocation(version)
+    make_message(invocation, node, 10_000, "data", {"text": "hello"}, target="merge")
+    for model in ("workflow", "workflowversion", "workflowinvocation", "nodeinvocation", "message", "contextentry",
+                  "llmcall", "mcpserver", "mcpserverversion", "userserverconfig"):
+        response = staff_client.get(reverse(f"admin:workflows_{model}_changelist"))
+        assert response.status_code == 200, model
+
+
+def test_invocation_list_shows_status_version_cost_tokens_nodes_and_duration(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    start = timezone.now() - timedelta(seconds=30)
+    done = make_invocation(version, status="completed", started=start, ended=start + timedelta(seconds=12.5),
+                           usd_cost=Decimal("0.012345"), input_tokens=1200, output_tokens=340, node_count=3)
+    failed = make_invocation(version, status="failed", started=start)
+    page = staff_client.get(reverse("admin:workflows_workflowinvocation_changelist"))
+    html = page.content.decode()
+    assert {row.pk for row in page.context["cl"].result_list} == {done.pk, failed.pk}
+    assert version.dsl_hash[:12] in html and "research" in html
+    assert "$0.012345" in html and "1,200 / 340" in html and "12.5 s" in html
+    assert 'class="wf-status wf-status-completed"' in html
+
+    def listed(query):
+        return {row.pk for row in staff_client.get(reverse("admin:workflows_workflowinvocation_changelist") + query)
+                .context["cl"].result_list}
+
+    assert listed("?status__exact=failed") == {failed.pk}
+    assert listed(f"?workflow={workflow.pk}") == {done.pk, failed.pk}
+    assert listed(f"?workflow_version__id__exact={version.pk}") == {done.pk, failed.pk}
+    assert listed(f"?q={done.pk}") == {done.pk}
+    assert listed(f"?q={version.dsl_hash[:8]}") == {done.pk, failed.pk}
+    # status facets: counts per status, on request (Django's "Show counts")
+    facets = staff_client.get(reverse("admin:workflows_workflowinvocation_changelist") + "?_facets=True")
+    assert re.search(r"Completed\s*\(1\)", facets.content.decode())
+
+
+# ------------------------------------------------------------------------------------- version page
+
+def test_version_page_draws_the_graph_and_lists_nodes_unresolved_tools_dsl_and_genealogy(staff_client, workflow):
+    base, _ = workflow_version_create(workflow=workflow, dsl=SEED_EXPORT, commit_message="imported")
+    mutated_dsl = json.loads(json.dumps(SEED_EXPORT))
+    mutated_dsl["nodes"][1]["systemPrompt"] = "Check every source twice."
+    child, _ = workflow_version_create(workflow=workflow, dsl=mutated_dsl, operation="mutation", parents=(base,),
+                                       commit_message="critic: check twice")
+    crossed_dsl = json.loads(json.dumps(mutated_dsl))
+    crossed_dsl["nodes"][2]["systemPrompt"] = "Answer in two paragraphs."
+    grandchild, _ = workflow_version_create(workflow=workflow, dsl=crossed_dsl, operation="crossover",
+                                            parents=(child, base), commit_message="crossover")
+
+    response = staff_client.get(change_url("workflowversion", base.pk))
+    assert response.status_code == 200
+    html = response.content.decode()
+    svg = str(response.context["graph_svg"])
+    assert svg.startswith("<svg") and '<svg xmlns="http://www.w3.org/2000/svg" class="workflow-graph"' in html
+    for node_id in ("researcher", "critic", "writer", "end"):
+        assert f'data-node-id="{node_id}"' in svg
+    assert 'data-from="researcher" data-to="critic"' in svg
+    assert 'data-from="writer" data-to="end"' in svg
+    assert re.search(r'class="edge edge-waitfor edge-forward" data-from="critic" data-to="writer"', svg)
+    # nodes table: model, tools (the unresolved ones marked), hand-offs, prompt excerpt
+    assert [node["id"] for node in response.context["graph_nodes"]] == ["researcher", "critic", "writer"]
+    assert "openrouter#openai/gpt-4.1-mini" in html and "Search the web and collect three sources." in html
+    assert "sequential: writer, critic" in html
+    assert '<span class="wf-tag wf-tag-missing">researcher.browserUse</span>' in html
+    assert "&quot;entryNodeId&quot;: &quot;researcher&quot;" in html  # indented DSL JSON in a <pre>
+    # genealogy: its children, each linked
+    children = {row["hash"] for row in response.context["children"]}
+    assert children == {child.dsl_hash[:12], grandchild.dsl_hash[:12]}
+    assert change_url("workflowversion", child.pk) in html
+
+    crossed = staff_client.get(change_url("workflowversion", grandchild.pk))
+    assert [(row["role"], row["hash"]) for row in crossed.context["parents"]] == [
+        ("parent 1", child.dsl_hash[:12]), ("parent 2", base.dsl_hash[:12])]
+    assert change_url("workflowversion", base.pk) in crossed.content.decode()
+
+
+def test_versions_are_read_only(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    response = staff_client.post(change_url("workflowversion", version.pk), {"commit_message": "rewritten"})
+    assert response.status_code == 403
+    assert staff_client.get(reverse("admin:workflows_workflowversion_add")).status_code == 403
+
+
+def test_graph_layout_is_layered_from_the_entry_with_cycles_as_back_edges():
+    plan = graph.layout(cyclic_dsl())
+    assert plan.node_layers() == [["orchestrator"], ["search"], ["left", "right"], ["merge"], ["end"]]
+    edges = [(edge.source, edge.target, edge.kind, edge.back) for edge in plan.edges]
+    assert edges == [
+        ("orchestrator", "search", "conditional", False), ("orchestrator", "end", "conditional", False),
+        ("search", "left", "parallel", False), ("search", "right", "parallel", False),
+        ("left", "merge", "sequential", False), ("right", "merge", "sequential", False),
+        ("merge", "orchestrator", "sequential", True),  # the loop is drawn as a back edge
+        ("left", "merge", "waitfor", False), ("right", "merge", "waitfor", False),  # dotted, besides the hand-offs
+    ]
+    svg = str(graph.dsl_svg(cyclic_dsl()))
+    assert svg == str(graph.dsl_svg(cyclic_dsl()))  # deterministic
+    assert svg.count('class="edge edge-conditional') == 2 and svg.count(">choice</text>") == 2
+    assert svg.count('class="edge edge-parallel') == 2 and svg.count('class="edge-parallel-inner"') == 2
+    assert 'stroke-dasharray="2 4"' in svg  # waitFor dotted
+    assert 'class="edge edge-sequential edge-back" data-from="merge" data-to="orchestrator"' in svg
+    assert svg.count('class="node-approval"') == 1
+
+
+def test_graph_of_twenty_nodes_with_long_edges_keeps_boxes_apart():
+    nodes = [{"nodeId": f"n{index}", "gatewayModelId": "m",
+              "handOffs": [f"n{index + 1}", f"n{min(index + 5, 19)}"] if index < 19 else ["end", "n0"]}
+             for index in range(20)]
+    plan = graph.layout({"entryNodeId": "n0", "nodes": nodes})
+    boxes = [plan.boxes[key] for row in plan.node_layers() for key in row]
+    assert len(boxes) == 21  # 20 nodes and `end`
+    for index, a in enumerate(boxes):
+        assert a.x >= 0 and a.x + a.w <= plan.width and a.y >= 0 and a.y + a.h <= plan.height
+        for b in boxes[index + 1:]:
+            assert a.x + a.w <= b.x or b.x + b.w <= a.x or a.y + a.h <= b.y or b.y + b.h <= a.y
+    # the edges that skip layers pass through waypoints instead of under the boxes in between
+    assert all(edge.via for edge in plan.edges if not edge.back and edge.source == "n0" and edge.target == "n5")
+    assert [edge.back for edge in plan.edges if edge.source == "n19" and edge.target == "n0"] == [True]
+
+
+def test_a_self_loop_and_an_unreachable_node_are_drawn():
+    dsl = {"entryNodeId": "a", "nodes": [
+        {"nodeId": "a", "gatewayModelId": "m", "handOffs": ["a", "end"], "handOffType": "conditional"},
+        {"nodeId": "island", "gatewayModelId": "m", "handOffs": []},
+    ]}
+    svg = str(graph.dsl_svg(dsl))
+    assert 'data-from="a" data-to="a"' in svg and "edge-back" in svg
+    assert 'class="node node-unreachable" data-node-id="island"' in svg
+    assert 'class="edge edge-implicit edge-forward" data-from="island" data-to="end"' in svg
+
+
+# -------------------------------------------------------------------------------------------- XSS
+
+def test_node_ids_and_prompts_are_escaped_in_the_svg_and_on_the_pages(staff_client, workflow):
+    dsl = cyclic_dsl()
+    dsl["nodes"][2]["nodeId"] = XSS_ID
+    dsl["nodes"][1]["handOffs"] = [XSS_ID, "right"]
+    dsl["nodes"][4]["waitFor"] = [XSS_ID, "right"]
+    dsl["nodes"][0]["systemPrompt"] = XSS_PROMPT
+    dsl["nodes"][0]["gatewayModelId"] = "<b>model</b>"
+    version, _ = workflow_version_create(workflow=workflow, dsl=dsl)
+
+    svg = str(graph.dsl_svg(version.dsl))
+    assert "<script" not in svg and "<img" not in svg and "<b>" not in svg
+    assert 'data-node-id="&lt;script&gt;alert(&quot;id&quot;)&lt;/script&gt;"' in svg
+    assert "&lt;img src=x onerror=alert(&quot;prompt&quot;)&gt;" in svg  # in the box's tooltip
+
+    html = staff_client.get(change_url("workflowversion", version.pk)).content.decode()
+    assert XSS_ID not in html and XSS_PROMPT not in html and "<b>model</b>" not in html
+    assert "&lt;script&gt;alert(&quot;id&quot;)&lt;/script&gt;" in html
+
+    invocation = make_invocation(version, status="failed", started=timezone.now(), error=XSS_PROMPT,
+                                 input={"text": XSS_ID}, output={"text": XSS_PROMPT})
+    node = make_node(invocation, 1, XSS_ID, status="failed", started=timezone.now(), ended=timezone.now(),
+                     error=XSS_ID, output=XSS_PROMPT, input=XSS_ID, model="<i>m</i>")
+    make_message(invocation, node, 10_000, "delegation", {"text": XSS_PROMPT}, source=XSS_ID, target=XSS_ID)
+    make_message(invocation, node, 10_001, "assistant", {
+        "content": XSS_PROMPT, "tool_calls": [{"id": "c1", "name": XSS_ID, "arguments": {"q": XSS_PROMPT}}],
+        "usage": {"input_tokens": 1, "output_tokens": 2, "model": XSS_ID}, "model": XSS_ID})
+    make_message(invocation, node, 10_002, "tool", {"content": XSS_PROMPT, "name": XSS_ID, "tool_call_id": "c1"})
+    html = staff_client.get(change_url("workflowinvocation", invocation.pk)).content.decode()
+    assert XSS_ID not in html and XSS_PROMPT not in html and "<i>m</i>" not in html
+    assert html.count("&lt;script&gt;alert(&quot;id&quot;)&lt;/script&gt;") >= 5
+    for model in ("message", "nodeinvocation"):
+        page = staff_client.get(reverse(f"admin:workflows_{model}_changelist")).content.decode()
+        assert XSS_ID not in page and XSS_PROMPT not in page
+
+
+# ---------------------------------------------------------------------------------- invocation page
+
+def test_invocation_page_shows_totals_payloads_run_link_timeline_and_messages(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    start = timezone.now() - timedelta(minutes=5)
+    engine.create_run(run_id="wfi-page", workflow="workflows.invoke", input={}, dispatch=False,
+                      namespace=workflow.workspace.namespace)
+    invocation = make_invocation(version, status="failed", started=start, ended=start + timedelta(seconds=10),
+                                 durable_run_id="wfi-page", input={"text": "what is durable?"},
+                                 error="merge: the model refused", usd_cost=Decimal("0.002500"), input_tokens=900,
+                                 output_tokens=120, llm_calls=4, cache_hits=1, node_count=2)
+    first = make_node(invocation, 1, "orchestrator", started=start, ended=start + timedelta(seconds=2),
+                      model="gpt-4.1-mini", input_tokens=500, output_tokens=60, usd_cost=Decimal("0.0015"),
+                      output="Search first.", next_nodes=["search"])
+    second = make_node(invocation, 2, "search", status="failed", started=start + timedelta(seconds=2),
+                       ended=start + timedelta(seconds=10), model="gpt-4.1-mini", error="the model refused")
+    make_message(invocation, first, 10_000, "data", {"text": "what is durable?"}, target="orchestrator")
+    make_message(invocation, first, 10_001, "system", {"content": "You are orchestrator."})
+    make_message(invocation, first, 10_002, "assistant", {
+        "content": "", "tool_calls": [{"id": "call-1", "name": "knowledge_search", "arguments": {"query": "durable"}}],
+        "usage": {"input_tokens": 250, "output_tokens": 30, "model": "gpt-4.1-mini"}, "cache_hit": True,
+        "model": "gpt-4.1-mini"})
+    make_message(invocation, first, 10_003, "tool", {"content": "Durable runs survive crashes. " * 40,
+                                                      "name": "knowledge_search", "tool_call_id": "call-1"})
+    make_message(invocation, first, 19_999, "delegation", {"text": "Search first."}, source="orchestrator",
+                 target="search")
+    make_message(invocation, second, 20_000, "delegation", {"text": "Search first."}, source="orchestrator",
+                 target="search")
+
+    response = staff_client.get(change_url("workflowinvocation", invocation.pk))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "Failed" in html and "merge: the model refused" in html
+    assert "&quot;text&quot;: &quot;what is durable?&quot;" in html  # input as pretty JSON
+    assert "$0.002500 (budget $1.000000)" in html and "900 / 120" in html and "4 (1 answered by the cache)" in html
+    assert "2 (budget 14)" in html and f"Invocation {invocation.pk} of research @ {version.dsl_hash[:12]}" in html
+    assert reverse("admin:durable_durablerun_change", args=["wfi-page"]) in html
+    # the timeline: one bar per node invocation, placed by its start and end in the invocation's 10 s
+    bars = response.context["timeline"]["bars"]
+    assert [(bar["seq"], bar["node_id"], bar["left"], bar["width"]) for bar in bars] == [
+        (1, "orchestrator", "0.000", "20.000"), (2, "search", "20.000", "80.000")]
+    assert 'style="left: 20.000%; width: 80.000%"' in html
+    # each node's messages in order: role, from -> to, content, tool calls, usage; long content collapsed
+    nodes = response.context["node_views"]
+    assert [message["seq"] for message in nodes[0]["messages"]] == [10_000, 10_001, 10_002, 10_003, 19_999]
+    assert [message["seq"] for message in nodes[1]["messages"]] == [20_000]
+    assert "orchestrator → search" in html
+    assert "calls <strong>knowledge_search</strong>" in html and "&quot;query&quot;: &quot;durable&quot;" in html
+    assert "250 in / 30 out · cache hit" in html
+    assert nodes[0]["messages"][3]["long"] and '<details class="wf-more"><summary>Durable runs survive' in html
+    assert "the model refused" in html
+    # a failed invocation offers no cancel, and no node waits
+    assert 'id="wf-cancel"' not in html and "wf-decision" not in html
+
+
+def test_invocation_page_links_context_entries_downloaded_through_the_admin(staff_client, outsider_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation = make_invocation(version, status="completed")
+    entry = ContextEntry(workflow_invocation=invocation, key="node-1-call", size=11, content_type="text/html",
+                         summary="<b>big</b>")
+    entry.data.save("blob.html", ContentFile(b"<h1>hi</h1>x"), save=False)
+    entry.save()
+    html = staff_client.get(change_url("workflowinvocation", invocation.pk)).content.decode()
+    download = reverse("admin:workflows_contextentry_download", args=[entry.pk])
+    assert download in html and "<b>big</b>" not in html
+    response = staff_client.get(download)
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content) == b"<h1>hi</h1>x"
+    assert response["Content-Disposition"].startswith("attachment")
+    assert response["Content-Type"] == "application/octet-stream"  # HTML is never served as HTML
+    assert response["X-Content-Type-Options"] == "nosniff" and response["Content-Security-Policy"] == "sandbox"
+    assert staff_client.get(change_url("contextentry", entry.pk)).status_code == 200
+    assert outsider_client.get(download).status_code == 302  # another workspace: as a missing row
+    assert "/media/" not in staff_client.get(change_url("contextentry", entry.pk)).content.decode()
+
+
+# ----------------------------------------------------------------------------------- approve / reject
+
+def decide(client, invocation, **data):
+    return client.post(reverse("admin:workflows_workflowinvocation_decide", args=[invocation.pk]), data)
+
+
+def test_approve_sends_the_decision_to_the_run_and_a_second_decision_is_refused(staff_client, staff, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation, node = waiting_invocation(version)
+    page = staff_client.get(change_url("workflowinvocation", invocation.pk)).content.decode()
+    assert 'name="decision" value="approve"' in page and 'name="decision" value="reject"' in page
+
+    response = decide(staff_client, invocation, node_seq=1, decision="approve", comment="looks right")
+    assert response.status_code == 302 and response.url.endswith("#node-1")
+    assert any("Approved node merge (#1)" in text for text in messages_of(response))
+    node.refresh_from_db()
+    assert node.approval["sent"]["decision"] == "approve" and node.approval["sent"]["comment"] == "looks right"
+    assert node.approval["sent"]["by"] == staff.pk
+    assert BufferedSignal.objects.filter(run_id="wfi-test-1", name="approval:1").count() == 1
+
+    page = staff_client.get(change_url("workflowinvocation", invocation.pk)).content.decode()
+    assert "Decision sent: approve" in page and 'value="approve"' not in page
+
+    again = decide(staff_client, invocation, node_seq=1, decision="reject", comment="changed my mind")
+    assert again.status_code == 302
+    assert any("already received a decision" in text for text in messages_of(again))
+    assert BufferedSignal.objects.filter(run_id="wfi-test-1").count() == 1
+    shown = staff_client.get(again.url).content.decode()
+    assert "already received a decision" in shown
+
+
+def test_reject_sends_a_rejection(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation, node = waiting_invocation(version)
+    response = decide(staff_client, invocation, node_seq=1, decision="reject", comment="wrong sources")
+    assert any("Rejected node merge (#1)" in text for text in messages_of(response))
+    node.refresh_from_db()
+    assert node.approval["sent"]["decision"] == "reject" and node.approval["sent"]["comment"] == "wrong sources"
+
+
+def test_a_decision_for_a_node_that_does_not_wait_shows_the_error(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation, _node = waiting_invocation(version)
+    response = decide(staff_client, invocation, node_seq=7, decision="approve")
+    assert any("no node of this invocation is waiting for approval at seq 7" in text
+               for text in messages_of(response))
+    bad = decide(staff_client, invocation, node_seq=1, decision="maybe")
+    assert any("Not recorded" in text and "decision" in text for text in messages_of(bad))
+    assert not BufferedSignal.objects.exists()
+
+
+def test_decisions_need_post_csrf_and_the_change_permission(staff, workspace, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation, node = waiting_invocation(version)
+    url = reverse("admin:workflows_workflowinvocation_decide", args=[invocation.pk])
+    checked = Client(enforce_csrf_checks=True)
+    checked.force_login(staff)
+    assert checked.get(url).status_code == 405
+    assert checked.post(url, {"node_seq": 1, "decision": "approve"}).status_code == 403  # no CSRF token
+
+    viewer = Client()
+    viewer.force_login(staff_user("viewer", workspace, codenames=["view_workflowinvocation", "view_workflowversion"]))
+    page = viewer.get(change_url("workflowinvocation", invocation.pk))
+    assert page.status_code == 200 and 'value="approve"' not in page.content.decode()
+    assert viewer.post(url, {"node_seq": 1, "decision": "approve"}).status_code == 403
+    anonymous = Client()
+    assert anonymous.post(url, {"node_seq": 1, "decision": "approve"}).status_code == 302  # to the login page
+    node.refresh_from_db()
+    assert "sent" not in node.approval
+
+
+def test_an_approval_through_the_admin_lets_a_real_invocation_finish(staff_client, workflow):
+    """End to end with the offline model: the node waits, the operator approves, the run completes."""
+    dsl = {"entryNodeId": "draft", "nodes": [
+        {"nodeId": "draft", "gatewayModelId": "offline-directive-v1", "systemPrompt": "Answer in one sentence.",
+         "handOffs": ["polish"], "requiresApproval": True},
+        {"nodeId": "polish", "gatewayModelId": "offline-directive-v1", "systemPrompt": "Answer in one sentence.",
+         "handOffs": ["end"]},
+    ]}
+    version, _ = workflow_version_create(workflow=workflow, dsl=dsl)
+    invocation = invocation_start(version=version, input={"text": "What is a durable run?"})
+    run_until_settled(invocation.durable_run_id)
+    invocation.refresh_from_db()
+    assert invocation.status == "waiting"
+    page = staff_client.get(change_url("workflowinvocation", invocation.pk)).content.decode()
+    assert 'id="approval-1"' in page and "What is a durable run?" in page
+
+    decide(staff_client, invocation, node_seq=1, decision="approve", comment="ship it")
+    run_until_settled(invocation.durable_run_id)
+    invocation.refresh_from_db()
+    assert invocation.status == "completed"
+    page = staff_client.get(change_url("workflowinvocation", invocation.pk)).content.decode()
+    assert "Approved</strong>" in page and "ship it" in page and "#2 polish" in page
+
+
+# --------------------------------------------------------------------------------------------- cancel
+
+def test_cancel_button_cancels_an_active_invocation_and_its_run(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation, node = waiting_invocation(version)
+    page = staff_client.get(change_url("workflowinvocation", invocation.pk)).content.decode()
+    assert 'id="wf-cancel"' in page
+    url = reverse("admin:workflows_workflowinvocation_cancel", args=[invocation.pk])
+    response = staff_client.post(url)
+    assert any(f"Cancelled invocation {invocation.pk}" in text for text in messages_of(response))
+    invocation.refresh_from_db()
+    node.refresh_from_db()
+    assert invocation.status == "cancelled" and node.status == "failed"
+    assert DurableRun.objects.get(pk="wfi-test-1").status == "cancelled"
+    again = staff_client.post(url)
+    assert any("was not cancelled: it is cancelled" in text for text in messages_of(again))
+    assert 'id="wf-cancel"' not in staff_client.get(change_url("workflowinvocation", invocation.pk)).content.decode()
+
+
+def test_cancel_action_cancels_only_active_invocations(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    active, _node = waiting_invocation(version)
+    done = make_invocation(version, status="completed")
+    response = staff_client.post(reverse("admin:workflows_workflowinvocation_changelist"), {
+        "action": "cancel_invocations", "_selected_action": [active.pk, done.pk]})
+    assert response.status_code == 302
+    assert any("Cancelled 1 of 2 selected invocations" in text for text in messages_of(response))
+    active.refresh_from_db()
+    done.refresh_from_db()
+    assert (active.status, done.status) == ("cancelled", "completed")
+
+
+# -------------------------------------------------------------------------------------------- scoping
+
+def test_another_workspaces_rows_are_absent_and_cannot_be_acted_on(outsider_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation, node = waiting_invocation(version)
+    message = make_message(invocation, node, 10_000, "data", {"text": "secret plan"}, target="merge")
+    call = LlmCall.objects.create(workspace=workflow.workspace, key="k" * 64, provider="offline", model="m",
+                                  response={"content": "cached secret"})
+    for model, pk in (("workflowversion", version.pk), ("workflowinvocation", invocation.pk),
+                      ("nodeinvocation", node.pk), ("message", message.pk), ("llmcall", call.pk)):
+        response = outsider_client.get(change_url(model, pk))
+        assert response.status_code == 302 and response.url == reverse("admin:index"), model
+        listing = outsider_client.get(reverse(f"admin:workflows_{model}_changelist"))
+        assert listing.status_code == 200 and not list(listing.context["cl"].result_list), model
+
+    decided = outsider_client.post(reverse("admin:workflows_workflowinvocation_decide", args=[invocation.pk]),
+                                   {"node_seq": 1, "decision": "approve"})
+    assert decided.status_code == 302 and decided.url == reverse("admin:index")
+    cancelled = outsider_client.post(reverse("admin:workflows_workflowinvocation_cancel", args=[invocation.pk]))
+    assert cancelled.status_code == 302 and cancelled.url == reverse("admin:index")
+    action = outsider_client.post(reverse("admin:workflows_workflowinvocation_changelist"), {
+        "action": "cancel_invocations", "_selected_action": [invocation.pk]})
+    assert action.status_code in (200, 302)
+    node.refresh_from_db()
+    invocation.refresh_from_db()
+    assert "sent" not in node.approval and invocation.status == "waiting"
+    assert not BufferedSignal.objects.exists()
+    filters = outsider_client.get(reverse("admin:workflows_workflowinvocation_changelist")).content.decode()
+    assert "research" not in filters and "Acme" not in filters  # not even as filter choices
+
+
+# ---------------------------------------------------------------------------------------- MCP registry
+
+def test_mcp_servers_are_editable_with_their_versions_and_tools_read_only(staff_client, workspace):
+    server = McpServer.objects.create(workspace=workspace, slug="search", display_name="Search",
+                                      url="https://mcp.example.test/mcp")
+    version = McpServerVersion.objects.create(server=server, version="1.2.0", manifest_hash="a" * 64)
+    McpTool.objects.create(server_version=version, name="web_search", description="Searches the web",
+                           input_schema={"type": "object"})
+    page = staff_client.get(change_url("mcpserver", server.pk))
+    html = page.content.decode()
+    assert page.status_code == 200 and "1.2.0" in html and "web_search" in html
+    assert "1.2.0 (1 tools)" in staff_client.get(reverse("admin:workflows_mcpserver_changelist")).content.decode()
+    response = staff_client.post(change_url("mcpserver", server.pk), {
+        "workspace": workspace.pk, "slug": "search", "display_name": "Web search", "url": "https://new.example.test/mcp",
+        "description": "The search server", "repository_url": "",
+        "versions-TOTAL_FORMS": "1", "versions-INITIAL_FORMS": "1", "versions-MIN_NUM_FORMS": "0",
+        "versions-MAX_NUM_FORMS": "1000", "versions-0-id": version.pk, "versions-0-server": server.pk,
+    })
+    assert response.status_code == 302, response.content.decode()[:2000]
+    server.refresh_from_db()
+    assert (server.display_name, server.url) == ("Web search", "https://new.example.test/mcp")
+    tools = staff_client.get(change_url("mcpserverversion", version.pk)).content.decode()
+    assert "web_search" in tools and "Searches the web" in tools
+    assert staff_client.post(change_url("mcpserverversion", version.pk), {}).status_code == 403
+
+
+def config_form(server, user, **fields):
+    return {"user": user.pk, "server": server.pk, "config": "{}", "enabled": "on", "new_secrets": "", **fields}
+
+
+def test_user_server_config_secrets_are_write_only(staff_client, staff, workspace):
+    server = McpServer.objects.create(workspace=workspace, slug="search", display_name="Search",
+                                      url="https://mcp.example.test/mcp")
+    secret = "Bearer tok-5ecret-value"
+    response = staff_client.post(reverse("admin:workflows_userserverconfig_add"), config_form(
+        server, staff, new_secrets=json.dumps({"Authorization": secret})))
+    assert response.status_code == 302
+    config = UserServerConfig.objects.get(user=staff, server=server)
+    assert json.loads(config.secrets) == {"Authorization": secret}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT secrets FROM workflows_userserverconfig WHERE id = %s", [config.pk])
+        assert "tok-5ecret" not in cursor.fetchone()[0]  # encrypted at rest
+
+    page = staff_client.get(change_url("userserverconfig", config.pk)).content.decode()
+    assert "tok-5ecret" not in page
+    assert re.search(r'<input type="password" name="new_secrets"[^>]*>', page)
+    assert 'value="' not in re.search(r'<input type="password" name="new_secrets"[^>]*>', page).group(0)
+    assert ">set<" in page
+    listing = staff_client.get(reverse("admin:workflows_userserverconfig_changelist")).content.decode()
+    assert "tok-5ecret" not in listing and ">set<" in listing
+
+    # saving without new secrets keeps them; bad JSON is refused without echoing it; clearing empties them
+    staff_client.post(change_url("userserverconfig", config.pk), config_form(server, staff, enabled=""))
+    config.refresh_from_db()
+    assert not config.enabled and json.loads(config.secrets) == {"Authorization": secret}
+    bad = staff_client.post(change_url("userserverconfig", config.pk), config_form(server, staff,
+                                                                                   new_secrets="{not-json-5ecret"))
+    assert bad.status_code == 200 and "Not valid JSON" in bad.content.decode()
+    assert "not-json-5ecret" not in bad.content.decode()
+    staff_client.post(change_url("userserverconfig", config.pk), config_form(server, staff, clear_secrets="on"))
+    config.refresh_from_db()
+    assert config.secrets == ""
+    assert ">not set<" in staff_client.get(change_url("userserverconfig", config.pk)).content.decode()
+
+
+def test_staff_see_only_their_own_server_configs(staff_client, staff, workspace):
+    server = McpServer.objects.create(workspace=workspace, slug="search", display_name="Search",
+                                      url="https://mcp.example.test/mcp")
+    colleague = staff_user("colleague", workspace)
+    theirs = UserServerConfig.objects.create(user=colleague, server=server, secrets='{"X-Key": "theirs"}')
+    mine = UserServerConfig.objects.create(user=staff, server=server)
+    listing = staff_client.get(reverse("admin:workflows_userserverconfig_changelist"))
+    assert [row.pk for row in listing.context["cl"].result_list] == [mine.pk]
+    assert staff_client.get(change_url("userserverconfig", theirs.pk)).status_code == 302
+    refused = staff_client.post(reverse("admin:workflows_userserverconfig_add"), config_form(server, colleague))
+    assert refused.status_code == 200 and "user" in refused.context["adminform"].form.errors
+
+
+def test_llm_call_cache_is_read_only(staff_client, workspace):
+    call = LlmCall.objects.create(workspace=workspace, key="f" * 64, provider="offline", model="offline-directive-v1",
+                                  response={"content": "cached answer"}, hits=3, input_tokens=10, output_tokens=5)
+    page = staff_client.get(change_url("llmcall", call.pk)).content.decode()
+    assert "cached answer" in page and "offline-directive-v1" in page
+    listing = staff_client.get(reverse("admin:workflows_llmcall_changelist")).content.decode()
+    assert "ffffffffffffffff" in listing and ">3<" in listing
+    assert staff_client.post(change_url("llmcall", call.pk), {"hits": 0}).status_code == 403
+
+
+# ------------------------------------------------------------------------------------- query budgets
+
+def count_queries(client, url) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get(url)
+    assert response.status_code == 200
+    return len(captured)
+
+
+def test_invocation_list_query_count_does_not_grow_with_rows(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    make_invocation(version, status="completed", started=timezone.now(), ended=timezone.now())
+    url = reverse("admin:workflows_workflowinvocation_changelist")
+    one = count_queries(staff_client, url)
+    other, _ = workflow_version_create(workflow=workflow_create(workspace=workflow.workspace, name="second"),
+                                       dsl=cyclic_dsl(entryNodeId="search"))
+    for index in range(30):
+        make_invocation(version if index % 2 else other, status="running", started=timezone.now())
+    assert count_queries(staff_client, url) == one
+    assert count_queries(staff_client, url + "?_facets=True") == count_queries(staff_client, url + "?_facets=True")
+
+
+def test_history_lists_query_count_does_not_grow_with_rows(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation = make_invocation(version)
+    node = make_node(invocation, 1, "search")
+    make_message(invocation, node, 10_000, "data", {"text": "hi"})
+    McpServer.objects.create(workspace=workflow.workspace, slug="s1", display_name="s", url="https://mcp.example.test/mcp")
+    LlmCall.objects.create(workspace=workflow.workspace, key=f"{1:064d}", provider="p", model="m", response={})
+    urls = [reverse(f"admin:workflows_{model}_changelist")
+            for model in ("workflowversion", "nodeinvocation", "message", "mcpserver", "llmcall")]
+    before = [count_queries(staff_client, url) for url in urls]
+    for seq in range(2, 30):
+        node = make_node(invocation, seq, f"n{seq}")
+        make_message(invocation, node, seq * 10_000, "user", {"content": "hi"})
+        McpServer.objects.create(workspace=workflow.workspace, slug=f"s{seq}", display_name="s",
+                                 url="https://mcp.example.test/mcp")
+        LlmCall.objects.create(workspace=workflow.workspace, key=f"{seq:064d}", provider="p", model="m", response={})
+    for seq in range(8):
+        workflow_version_create(workflow=workflow, dsl=cyclic_dsl(entryNodeId=["search", "left", "right",
+                                                                              "merge"][seq % 4]),
+                                commit_message=str(seq))
+    assert [count_queries(staff_client, url) for url in urls] == before
+
+
+def test_change_pages_query_count_does_not_grow_with_nodes_messages_or_children(staff_client, workflow):
+    root, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl(entryNodeId="merge"))
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl(), parents=(root,))
+    invocation = make_invocation(version, status="running", started=timezone.now())
+    node = make_node(invocation, 1, "orchestrator", started=timezone.now())
+    make_message(invocation, node, 10_000, "data", {"text": "hi"})
+    invocation_url = change_url("workflowinvocation", invocation.pk)
+    version_url = change_url("workflowversion", version.pk)
+    small = (count_queries(staff_client, invocation_url), count_queries(staff_client, version_url))
+
+    for seq in range(2, 15):
+        node = make_node(invocation, seq, "search", started=timezone.now(), ended=timezone.now(),
+                         status="waiting" if seq == 14 else "completed",
+                         approval={"pending": True, "run_id": "r", "signal": f"approval:{seq}"} if seq == 14 else None)
+        for offset in range(6):
+            make_message(invocation, node, seq * 10_000 + offset, "assistant",
+                         {"content": "x", "tool_calls": [{"id": "c", "name": "t", "arguments": {}}]})
+        entry = ContextEntry(workflow_invocation=invocation, node_invocation=node, key=f"k{seq}", size=1)
+        entry.data.save(f"k{seq}.txt", ContentFile(b"x"), save=False)
+        entry.save()
+    big_dsl = {"entryNodeId": "n0", "nodes": [
+        {"nodeId": f"n{index}", "gatewayModelId": "m", "handOffs": [f"n{index + 1}"] if index < 19 else ["end"]}
+        for index in range(20)]}
+    for index in range(6):
+        dsl = cyclic_dsl()
+        dsl["nodes"][0]["systemPrompt"] = f"variant {index}"
+        workflow_version_create(workflow=workflow, dsl=dsl, operation="mutation", parents=(version,))
+    big, _ = workflow_version_create(workflow=workflow, dsl=big_dsl, operation="crossover", parents=(version, root))
+    large = (count_queries(staff_client, invocation_url), count_queries(staff_client, version_url))
+    assert large == small
+    assert count_queries(staff_client, change_url("workflowversion", big.pk)) == small[1]

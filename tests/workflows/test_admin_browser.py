@@ -1,0 +1,127 @@
+"""The workflows admin in a real browser (Debian's Chromium through Playwright, against live_server):
+the version page's SVG graph, the invocation page's timeline and messages, and an approval through
+the form. Screenshots of both pages land in the test's tmp_path."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.urls import reverse
+from django.utils import timezone
+
+from durable import engine
+from tests.factories import MembershipFactory
+from tests.workflows.test_admin import cyclic_dsl
+from workflows.models import Message, NodeInvocation, WorkflowInvocation
+from workflows.services import workflow_create, workflow_version_create
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+]
+
+
+@pytest.fixture
+def scene(transactional_db, workspace, settings):
+    """Data is written before Playwright starts: its sync API switches greenlets, and ORM calls made
+    inside it open connections of their own that outlive the test."""
+    settings.DURABLE_DISPATCH_ENABLED = False  # the approval's signal is buffered; no worker needed
+    operator = get_user_model().objects.create_user("operator", password="s3cret-pass", is_staff=True)
+    operator.user_permissions.add(*Permission.objects.filter(content_type__app_label="workflows"))
+    MembershipFactory(user=operator, workspace=workspace)
+
+    version, _ = workflow_version_create(workflow=workflow_create(workspace=workspace, name="research"),
+                                         dsl=cyclic_dsl())
+    engine.create_run(run_id="wfi-browser", workflow="workflows.invoke", input={}, dispatch=False,
+                      namespace=workspace.namespace)
+    start = timezone.now() - timedelta(seconds=20)
+    invocation = WorkflowInvocation.objects.create(
+        workspace=workspace, workflow_version=version, status="waiting", usd_budget=Decimal("1"), started_at=start,
+        durable_run_id="wfi-browser", input={"text": "Compare durable engines."}, node_count=3)
+
+    def node(seq, node_id, status, begin, end, **fields):
+        return NodeInvocation.objects.create(
+            workflow_invocation=invocation, seq=seq, node_id=node_id, status=status, model="gpt-4.1-mini",
+            started_at=start + timedelta(seconds=begin), ended_at=start + timedelta(seconds=end) if end else None,
+            **fields)
+
+    first = node(1, "orchestrator", "completed", 0, 4, input_tokens=300, output_tokens=40, next_nodes=["search"])
+    second = node(2, "search", "completed", 4, 12, input_tokens=500, output_tokens=80)
+    node(3, "merge", "waiting", 12, None, output="Engines compared.",
+         approval={"pending": True, "run_id": "wfi-browser", "signal": "approval:3"})
+    Message.objects.bulk_create([
+        Message(workflow_invocation=invocation, node_invocation=first, seq=10_000, role="data",
+                to_node_id="orchestrator", payload={"text": "Compare durable engines."}),
+        Message(workflow_invocation=invocation, node_invocation=first, seq=10_001, role="assistant",
+                payload={"content": "", "tool_calls": [{"id": "c1", "name": "knowledge_search",
+                                                        "arguments": {"query": "durable engines"}}],
+                         "usage": {"input_tokens": 150, "output_tokens": 20}, "model": "gpt-4.1-mini"}),
+        Message(workflow_invocation=invocation, node_invocation=first, seq=10_002, role="tool",
+                payload={"content": "Temporal, DBOS and this engine.", "name": "knowledge_search",
+                         "tool_call_id": "c1"}),
+        Message(workflow_invocation=invocation, node_invocation=second, seq=20_000, role="delegation",
+                from_node_id="orchestrator", to_node_id="search", payload={"text": "Search the engines."}),
+    ])
+    return {"version": version, "invocation": invocation}
+
+
+@pytest.fixture
+def page(scene, browser_page):
+    return browser_page
+
+
+def test_operator_reads_the_graph_and_the_timeline_and_approves_a_node(live_server, scene, page, tmp_path):
+    page.goto(live_server.url + reverse("admin:login"))
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "s3cret-pass")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#user-tools")
+
+    # the version page: one box per node, `end`, and the edges styled by kind
+    page.goto(live_server.url + reverse("admin:workflows_workflowversion_change", args=[scene["version"].pk]))
+    svg = page.locator("svg.workflow-graph")
+    svg.wait_for(state="visible")
+    boxes = svg.locator("g.node")
+    assert boxes.count() == 5
+    assert sorted(boxes.nth(index).get_attribute("data-node-id") for index in range(5)) == [
+        "left", "merge", "orchestrator", "right", "search"]
+    assert svg.locator("g.node-end").count() == 1
+    assert svg.locator("path.edge").count() == 9
+    assert svg.locator("path.edge-parallel").count() == 2
+    assert svg.locator("path.edge-conditional").count() == 2
+    assert svg.locator("path.edge-waitfor").count() == 2
+    assert svg.locator('path.edge-back[data-from="merge"][data-to="orchestrator"]').count() == 1
+    drawn = {boxes.nth(index).get_attribute("data-node-id"): boxes.nth(index).bounding_box() for index in range(5)}
+    assert all(box["width"] > 100 and box["height"] > 40 for box in drawn.values())
+    # layered from the entry: orchestrator above search, above left/right side by side, above merge
+    assert drawn["orchestrator"]["y"] < drawn["search"]["y"] < drawn["left"]["y"] < drawn["merge"]["y"]
+    assert drawn["left"]["y"] == drawn["right"]["y"]
+    assert drawn["left"]["x"] + drawn["left"]["width"] <= drawn["right"]["x"]
+    assert page.locator("#wf-node-table tbody tr").count() == 5
+    page.screenshot(path=str(tmp_path / "workflow-version.png"), full_page=True)
+
+    # the invocation page: a timeline row per node invocation, the messages, the waiting node's form
+    page.goto(live_server.url + reverse("admin:workflows_workflowinvocation_change", args=[scene["invocation"].pk]))
+    timeline = page.locator("#wf-timeline")
+    timeline.wait_for(state="visible")
+    assert timeline.locator(".wf-tl-row").count() == 3
+    bars = [timeline.locator(".wf-tl-bar").nth(index).bounding_box() for index in range(3)]
+    assert all(bar["width"] > 0 for bar in bars)
+    assert bars[0]["x"] < bars[1]["x"] < bars[2]["x"]  # later nodes start further right
+    first = page.locator("#node-1")
+    assert first.locator("tr.wf-message").count() == 3
+    assert "knowledge_search" in first.inner_text() and "Temporal, DBOS and this engine." in first.inner_text()
+    assert "orchestrator → search" in page.locator("#node-2").inner_text()
+    page.screenshot(path=str(tmp_path / "workflow-invocation.png"), full_page=True)
+
+    approval = page.locator("#approval-3")
+    approval.locator("textarea[name=comment]").fill("Good comparison.")
+    approval.locator("button.wf-approve").click()
+    page.wait_for_selector(".messagelist .success")
+    assert "Approved node merge (#3)" in page.locator(".messagelist").inner_text()
+    sent = page.locator("#node-3 .wf-decision-sent")
+    assert "Decision sent: approve" in sent.inner_text() and "Good comparison." in sent.inner_text()
+    assert page.locator("#approval-3").count() == 0
+    assert (tmp_path / "workflow-version.png").stat().st_size > 10_000
