@@ -207,6 +207,15 @@ class WorkflowVersionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
 
 # ---------------------------------------------------------------------------------------- invocations
 
+def per_request(request, key: str, compute):
+    """A value computed once per request: the changelist builds its filters again for each facet count,
+    and a filter's choices would be queried each time."""
+    cache = request.__dict__.setdefault("_workflows_admin_cache", {})
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
+
+
 class WorkspaceFilter(admin.SimpleListFilter):
     """Choices from the user's workspaces: no DISTINCT over the invocations."""
 
@@ -214,8 +223,8 @@ class WorkspaceFilter(admin.SimpleListFilter):
     parameter_name = "workspace"
 
     def lookups(self, request, model_admin):
-        workspaces = workspaces_for(request).order_by("name").values_list("pk", "name")[:200]
-        return [(str(pk), name) for pk, name in workspaces]
+        return per_request(request, "workspace_choices", lambda: [
+            (str(pk), name) for pk, name in workspaces_for(request).order_by("name").values_list("pk", "name")[:200]])
 
     def queryset(self, request, queryset):
         return queryset.filter(workspace_id=self.value()) if self.value() else queryset
@@ -233,7 +242,8 @@ class WorkflowFilter(admin.SimpleListFilter):
 
     def lookups(self, request, model_admin):
         workflows = Workflow.objects.filter(workspace__in=workspaces_for(request)).order_by("name", "pk")
-        return [(str(pk), name) for pk, name in workflows.values_list("pk", "name")[:200]]
+        return per_request(request, "workflow_choices", lambda: [
+            (str(pk), name) for pk, name in workflows.values_list("pk", "name")[:200]])
 
     def queryset(self, request, queryset):
         return queryset.filter(workflow_version__workflow_id=self.value()) if self.value() else queryset
@@ -576,7 +586,7 @@ def node_view(node: NodeInvocation, node_messages: list[dict], can_act: bool) ->
 @admin.register(NodeInvocation)
 class NodeInvocationAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     workspace_field = "workflow_invocation__workspace"
-    list_display = ("__str__", "invocation_link", "seq", "node_id", "status", "model", "tokens", "usd_cost",
+    list_display = ("id", "invocation_link", "seq", "node_id", "status", "model", "tokens", "usd_cost",
                     "started_at", "duration")
     list_filter = ("status",)
     search_fields = ("=node_id",)  # see get_search_results

@@ -555,6 +555,23 @@ def test_another_workspaces_rows_are_absent_and_cannot_be_acted_on(outsider_clie
     assert "research" not in filters and "Acme" not in filters  # not even as filter choices
 
 
+def test_messages_and_node_invocations_are_searchable_by_invocation(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    first, other = make_invocation(version), make_invocation(version)
+    node = make_node(first, 1, "search")
+    wanted = [make_message(first, node, seq, "user", {"content": f"m{seq}"}) for seq in (10_002, 10_000, 10_001)]
+    make_message(other, make_node(other, 1, "search"), 10_000, "user", {"content": "elsewhere"})
+    listing = staff_client.get(reverse("admin:workflows_message_changelist") + f"?q={first.pk}")
+    rows = list(listing.context["cl"].result_list)
+    assert [row.pk for row in rows] == [message.pk for message in sorted(wanted, key=lambda m: m.seq)]
+    nodes = staff_client.get(reverse("admin:workflows_nodeinvocation_changelist") + f"?q={first.pk}")
+    assert [row.pk for row in nodes.context["cl"].result_list] == [node.pk]
+    page = staff_client.get(change_url("nodeinvocation", node.pk)).content.decode()
+    assert f"?node_invocation__id__exact={node.pk}" in page
+    by_node = staff_client.get(reverse("admin:workflows_message_changelist") + f"?node_invocation__id__exact={node.pk}")
+    assert len(by_node.context["cl"].result_list) == 3
+
+
 # ---------------------------------------------------------------------------------------- MCP registry
 
 def test_mcp_servers_are_editable_with_their_versions_and_tools_read_only(staff_client, workspace):
@@ -657,12 +674,14 @@ def test_invocation_list_query_count_does_not_grow_with_rows(staff_client, workf
     make_invocation(version, status="completed", started=timezone.now(), ended=timezone.now())
     url = reverse("admin:workflows_workflowinvocation_changelist")
     one = count_queries(staff_client, url)
+    with_counts = count_queries(staff_client, url + "?_facets=True")
+    assert with_counts == one + 3  # one aggregate per filter (status, workflow, workspace); choices read once
     other, _ = workflow_version_create(workflow=workflow_create(workspace=workflow.workspace, name="second"),
                                        dsl=cyclic_dsl(entryNodeId="search"))
     for index in range(30):
         make_invocation(version if index % 2 else other, status="running", started=timezone.now())
     assert count_queries(staff_client, url) == one
-    assert count_queries(staff_client, url + "?_facets=True") == count_queries(staff_client, url + "?_facets=True")
+    assert count_queries(staff_client, url + "?_facets=True") == with_counts
 
 
 def test_history_lists_query_count_does_not_grow_with_rows(staff_client, workflow):
