@@ -329,7 +329,7 @@ def test_diff_against_another_version(api_as, owner, workspace):
     assert body["nodes"]["writer"] == {"change": "changed", "fields": ["codeTools"], "prompt_diff": []}
     assert any(line.startswith("+") and "skill_load" in line for line in body["dsl_diff"])
     assert client.get(f"{VERSIONS}{new.pk}/diff/", {"against": new.pk}).json()["same"] is True
-    for against in ("", "abc", "99999999999", "999999", "1.5"):
+    for against in ("", "abc", "99999999999", "9999999999", "999999", "1.5", "-1"):
         assert "against" in error_of(client.get(f"{VERSIONS}{new.pk}/diff/", {"against": against}))["fields"]
 
 
