@@ -17,7 +17,8 @@ RESEARCH = {
         {"nodeId": "scope", "description": "Frames the question for two researchers.", "modelName": MODEL,
          "systemPrompt": "Frame the question for the researchers. Call knowledge_search before answering. "
                          "Answer in one sentence.",
-         "codeTools": ["knowledge_search"], "handOffs": ["engine_research", "cost_research"], "handOffType": "parallel"},
+         "codeTools": ["knowledge_search"], "handOffs": ["engine_research", "cost_research"],
+         "handOffType": "parallel"},
         {"nodeId": "engine_research", "description": "Finds how the durable engine behaves.", "modelName": MODEL,
          "systemPrompt": "You research the durable engine. Call knowledge_search before answering. "
                          "Quote the retrieved passage.",

@@ -24,6 +24,7 @@ END = "end"
 HANDOFF_TYPES = ("sequential", "parallel", "conditional")
 MAX_NODES = 20
 MAX_STEPS = 50
+MAX_NAME = 200  # node ids, model names, tool and skill names
 # the code tools the platform provides; anything else in `codeTools` is unresolved on a fresh install
 BUILTIN_CODE_TOOLS = frozenset({"knowledge_search", "skill_load"})
 
@@ -66,6 +67,9 @@ def _string_list(value, path: str, errors: _Errors) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
         errors.add(path, "must be a list of non-empty names")
         return []
+    if any(len(item) > MAX_NAME for item in value):
+        errors.add(path, f"names are at most {MAX_NAME} characters")
+        return []
     seen: list[str] = []
     for item in value:
         if item not in seen:
@@ -99,13 +103,18 @@ def normalize(document) -> dict:
             errors.add(f"nodes[{index}]", "must be an object")
             continue
         node = {ALIASES.get(key, key): value for key, value in raw.items() if key not in ALIASES}
+        path = _node_path(index, node.get("nodeId"))
         for alias, field in ALIASES.items():
             if alias in raw:
-                if field == "waitFor" and field in node:  # both spellings: merged
-                    node[field] = [*(node[field] or []), *(raw[alias] or [])]
+                if field == "waitFor" and field in node:  # both spellings: merged (each must be a list)
+                    lists = [value for value in (node[field], raw[alias]) if value is not None]
+                    if not all(isinstance(value, list) for value in lists):
+                        errors.add(f"{path}.waitFor", "must be a list of node ids (waitFor and waitingFor)")
+                        node[field] = []
+                        continue
+                    node[field] = [item for value in lists for item in value]
                 else:
                     node.setdefault(field, raw[alias])
-        path = _node_path(index, node.get("nodeId"))
         clean = {
             "nodeId": node.get("nodeId"),
             "description": node.get("description") or "",
@@ -138,6 +147,8 @@ def validate(dsl: dict, *, known_models: Iterable[str] | None = None) -> None:
         if not isinstance(node_id, str) or not node_id.strip():
             errors.add(f"{path}.nodeId", "is required")
             continue
+        if len(node_id) > MAX_NAME:
+            errors.add(f"{path}.nodeId", f"at most {MAX_NAME} characters")
         if node_id == END:
             errors.add(f"{path}.nodeId", f"`{END}` is reserved for the hand-off that finishes the invocation")
         if node_id in ids:
@@ -173,6 +184,8 @@ def validate(dsl: dict, *, known_models: Iterable[str] | None = None) -> None:
         model = node["gatewayModelId"]
         if not isinstance(model, str) or not model:
             errors.add(f"{path}.gatewayModelId", "is required (or `modelName`)")
+        elif len(model) > MAX_NAME:
+            errors.add(f"{path}.gatewayModelId", f"at most {MAX_NAME} characters")
         elif models is not None and model_name(model) not in models:
             errors.add(f"{path}.gatewayModelId", f"unknown model {model!r}")
         if not isinstance(node["systemPrompt"], str):

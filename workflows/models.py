@@ -174,7 +174,7 @@ class WorkflowInvocation(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"invocation {self.pk} of {self.workflow_version_id}"
+        return f"invocation {self.pk}"
 
 
 class NodeInvocation(models.Model):

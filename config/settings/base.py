@@ -193,6 +193,14 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "workspaces.api.schema.add_error_responses"],
+    # several apps have a `status` or an `operation`: name each enum after its model, not a hash
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "durable.models.DurableRun.Status",
+        "WorkflowVersionStatusEnum": "workflows.models.WorkflowVersion.Status",
+        "InvocationStatusEnum": "workflows.models.InvocationStatus",
+        "WorkflowVersionOperationEnum": "workflows.models.WorkflowVersion.Operation",
+        "EvalRunStatusEnum": "evals.models.EvalRunStatus",
+    },
 }
 
 # Production hardening: on whenever DEBUG is off, so `manage.py check --deploy` passes.

@@ -120,3 +120,18 @@ def test_wait_for_spellings_are_merged():
     document["nodes"][1]["waitFor"] = ["planner"]
     document["nodes"][1]["waitingFor"] = ["planner"]
     assert dsl.parse(document)["nodes"][1]["waitFor"] == ["planner"]
+
+
+@pytest.mark.parametrize("node, path", [
+    ({"waitFor": 5, "waitingFor": ["a"]}, "nodes[a].waitFor"),
+    ({"waitFor": ["a"], "waitingFor": "a"}, "nodes[a].waitFor"),
+    ({"nodeId": "n" * 201}, "nodes[" + "n" * 201 + "].nodeId"),
+    ({"gatewayModelId": "m" * 201}, "nodes[a].gatewayModelId"),
+    ({"codeTools": ["t" * 201]}, "nodes[a].codeTools"),
+])
+def test_malformed_lists_and_overlong_names_are_errors_not_crashes(node, path):
+    document = {"entryNodeId": node.get("nodeId", "a"),
+                "nodes": [{"nodeId": "a", "gatewayModelId": "gpt-4.1-mini", **node}]}
+    with pytest.raises(dsl.DslError) as error:
+        dsl.parse(document)
+    assert path in error.value.errors
