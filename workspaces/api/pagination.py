@@ -31,7 +31,8 @@ class IdCursorPagination(CursorPagination):
         return cursor
 
     def _check_position(self, position: str) -> None:
-        name = self.ordering[0].lstrip("-")
+        first = self.ordering if isinstance(self.ordering, str) else self.ordering[0]
+        name = first.lstrip("-")
         try:
             field = self._model._meta.get_field(name)
         except FieldDoesNotExist:
