@@ -24,7 +24,11 @@ class EvalFailed(Exception):
 def eval_run(ctx, input: dict) -> dict:
     """Input: {"eval_run_id": int}."""
     eval_run_id = int(input["eval_run_id"])
-    plan = ctx.step("begin", execution.eval_begin, eval_run_id, ctx.namespace, ctx.run_id)
+    try:
+        plan = ctx.step("begin", execution.eval_begin, eval_run_id, ctx.namespace, ctx.run_id)
+    except Exception as exc:
+        ctx.step("fail", execution.eval_fail, eval_run_id, describe(exc), "failed", ctx.namespace)
+        raise
     if "refused" in plan:
         raise EvalFailed(plan["refused"])
     if "ended" in plan:

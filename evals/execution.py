@@ -73,7 +73,7 @@ def eval_begin(eval_run_id: int, namespace: str, run_id: str) -> dict:
                     passed=None if source.score is None else source.score >= run.config["threshold"],
                     grading_rationale=source.grading_rationale, grader=source.grader, grades=source.grades,
                     error=source.error, latency_ms=source.latency_ms, usd_cost=source.usd_cost, judge_usd=0,
-                    reuse_key=key, reused_from=source.reused_from_id or source.pk))
+                    reuse_key=key, reused_from_id=source.reused_from_id or source.pk))
             GoldenResult.objects.bulk_create(rows, ignore_conflicts=True)
         run.status = EvalRun.Status.RUNNING
         run.started_at = run.started_at or now()
@@ -180,6 +180,10 @@ def eval_finish(eval_run_id: int) -> dict:
             "items": len(results), "grading_errors": fields["grading_errors"]}
 
 
-def eval_fail(eval_run_id: int, error: str, status: str = EvalRun.Status.FAILED) -> None:
-    EvalRun.objects.filter(pk=eval_run_id).exclude(status__in=EvalRun.TERMINAL).update(
+def eval_fail(eval_run_id: int, error: str, status: str = EvalRun.Status.FAILED, namespace: str | None = None) -> None:
+    """End the eval run with `error`; with `namespace`, only a run of that namespace's workspace."""
+    runs = EvalRun.objects.filter(pk=eval_run_id)
+    if namespace is not None:
+        runs = runs.filter(workspace_id=Workspace.id_of_namespace(namespace))
+    runs.exclude(status__in=EvalRun.TERMINAL).update(
         status=status, error=error[:5000], ended_at=now(), updated_at=now())

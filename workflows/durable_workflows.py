@@ -51,7 +51,11 @@ class NodeRejected(InvocationFailed):
 def invoke(ctx, input: dict) -> dict:
     """Run a workflow invocation. Input: {"invocation_id": int}."""
     invocation_id = int(input["invocation_id"])
-    plan = ctx.step("begin", execution.invocation_begin, invocation_id, ctx.namespace, ctx.run_id)
+    try:
+        plan = ctx.step("begin", execution.invocation_begin, invocation_id, ctx.namespace, ctx.run_id)
+    except Exception as exc:
+        ctx.step("fail", execution.invocation_fail, invocation_id, describe(exc), "failed", ctx.namespace)
+        raise
     if "refused" in plan:
         raise InvocationFailed(plan["refused"])
     if "ended" in plan:

@@ -97,7 +97,13 @@ def invocation_finish(invocation_id: int, output: dict) -> None:
             status=WorkflowInvocation.Status.COMPLETED, output=output, ended_at=now(), updated_at=now())
 
 
-def invocation_fail(invocation_id: int, error: str, status: str = WorkflowInvocation.Status.FAILED) -> None:
+def invocation_fail(invocation_id: int, error: str, status: str = WorkflowInvocation.Status.FAILED,
+                    namespace: str | None = None) -> None:
+    """End the invocation (and any node still running or waiting) with `error`. With `namespace`,
+    only an invocation of that namespace's workspace is touched."""
+    if namespace is not None and not WorkflowInvocation.objects.filter(
+            pk=invocation_id, workspace_id=Workspace.id_of_namespace(namespace)).exists():
+        return
     with transaction.atomic():
         _update_totals(invocation_id)
         # a node still marked running or waiting did not finish: it failed with the invocation

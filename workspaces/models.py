@@ -35,6 +35,12 @@ class Workspace(models.Model):
     def namespace_of(workspace_id: int) -> str:
         return f"ws-{workspace_id}"
 
+    @staticmethod
+    def id_of_namespace(namespace: str) -> int | None:
+        """The workspace id a durable namespace belongs to (None for a namespace of no workspace)."""
+        number = namespace[3:] if namespace.startswith("ws-") else ""
+        return int(number) if number.isascii() and number.isdigit() else None
+
 
 class Membership(models.Model):
     class Role(models.TextChoices):

@@ -297,3 +297,28 @@ def test_an_invocation_whose_run_ended_elsewhere_takes_its_end(make_version, set
     assert cancelled.status == "cancelled" and cancelled.durable_run_id in cancelled.error
     assert waiting.status == "waiting"
     assert invocations_reconcile() == 0
+
+
+def test_a_failure_at_the_start_is_recorded_on_the_invocation(make_version, invoke, monkeypatch):
+    from workflows import execution
+
+    def broken(*args):
+        raise RuntimeError("the database said no")
+
+    monkeypatch.setattr(execution, "invocation_begin", broken)
+    invocation = invoke(make_version(graph("a", node("a"))), {"text": "x"})
+    assert invocation.status == "failed" and "the database said no" in invocation.error
+
+
+def test_a_second_run_cannot_drive_an_invocation_another_run_drives(make_version, workspace):
+    from durable.inprocess import run_until_settled
+    from durable.services import run_start
+    from workflows.durable_workflows import INVOKE_WORKFLOW
+
+    invocation = invocation_start(version=make_version(graph("a", node("a", approval=True))), input={"text": "x"})
+    intruder = run_start(workflow=INVOKE_WORKFLOW, input={"invocation_id": invocation.pk},
+                         namespace=workspace.namespace)
+    run = run_until_settled(intruder.pk)
+    assert run.status == "failed" and "is driven by run" in run.error
+    invocation.refresh_from_db()
+    assert invocation.status == "queued" and invocation.durable_run_id != intruder.pk

@@ -1,0 +1,186 @@
+"""Eval runs: durable, graded, aggregated, reused; comparison, promotion and rollback."""
+
+import pytest
+
+from durable.models import DurableRun
+from evals.models import EvalRun, GoldenResult, Promotion
+from evals.selectors import score_histogram
+from evals.services import (
+    EvalError,
+    PromotionRefused,
+    compare_versions,
+    eval_run_start,
+    golden_item_add,
+    golden_set_create,
+    version_promote,
+    version_rollback,
+)
+from workflows.models import WorkflowInvocation, WorkflowVersion
+
+pytestmark = pytest.mark.django_db
+
+
+def test_an_eval_run_invokes_each_item_grades_it_and_aggregates(facts, support_set, support_versions, evaluate):
+    _, better = support_versions
+    run = evaluate(support_set, better)
+    assert run.status == EvalRun.Status.COMPLETED, run.error
+    results = list(GoldenResult.objects.filter(eval_run=run).select_related("workflow_invocation"))
+    assert len(results) == run.items_total == run.items_done == 6
+    assert all(r.workflow_invocation.status == "completed" and r.grader for r in results)
+    assert all(r.workflow_invocation.durable_run.parent_id == run.durable_run_id for r in results)
+    assert run.avg_score == pytest.approx(sum(r.score for r in results) / 6, abs=1e-6)
+    assert run.pass_rate == pytest.approx(sum(r.passed for r in results) / 6, abs=1e-6)
+    assert run.latency_p50_ms is not None and run.latency_p95_ms >= run.latency_p50_ms
+    assert 0 < run.fitness <= 100 and run.grading_errors == 0
+    assert sum(bin_["count"] for bin_ in score_histogram(run)) == 6
+    better.refresh_from_db()
+    assert better.avg_score == run.avg_score and better.pass_rate == run.pass_rate
+    assert DurableRun.objects.get(pk=run.durable_run_id).status == "completed"
+
+
+def test_the_same_version_set_and_graders_reuse_results_unless_asked_not_to(facts, support_set, support_versions,
+                                                                           evaluate):
+    base, _ = support_versions
+    first = evaluate(support_set, base)
+    invocations = WorkflowInvocation.objects.count()
+    again = evaluate(support_set, base)
+    assert again.status == "completed", (again.error, DurableRun.objects.get(pk=again.durable_run_id).error)
+    assert again.items_reused == 6 and again.paid_usd == 0
+    assert WorkflowInvocation.objects.count() == invocations  # nothing ran again
+    assert again.avg_score == first.avg_score
+    assert all(r.reused_from_id for r in GoldenResult.objects.filter(eval_run=again))
+    # a changed item runs again; the others are reused
+    item = support_set.items.order_by("position").first()
+    item.expected_output = "Refunds take five business days, sometimes less."
+    item.save()
+    changed = evaluate(support_set, base)
+    assert changed.items_reused == 5 and WorkflowInvocation.objects.count() == invocations + 1
+    fresh = evaluate(support_set, base, reuse=False)
+    assert fresh.items_reused == 0 and WorkflowInvocation.objects.count() == invocations + 7
+
+
+def test_a_failed_invocation_scores_zero_and_is_not_a_grading_error(support_set, make_version, evaluate):
+    from tests.workflows.conftest import graph, node
+
+    looping = make_version(graph("a", node("a", handoffs=["b"]), node("b", handoffs=["a"])), name="loops")
+    run = evaluate(support_set, looping, node_budget=2)
+    assert run.status == "completed"
+    results = GoldenResult.objects.filter(eval_run=run)
+    assert {r.score for r in results} == {0.0} and run.grading_errors == 0
+    assert all("node budget exceeded" in r.error for r in results)
+    assert run.avg_score == 0 and run.pass_rate == 0
+
+
+def test_an_eval_run_is_refused_when_it_cannot_run(workspace, other_workspace, support_set, make_version):
+    from tests.workflows.conftest import graph, node
+
+    empty = golden_set_create(workspace=workspace, name="empty", graders=[{"kind": "exact"}])
+    ok = make_version(graph("a", node("a")), name="ok")
+    with pytest.raises(EvalError) as refused:
+        eval_run_start(golden_set=empty, version=ok)
+    assert "golden_set" in refused.value.errors
+    lacking = make_version(graph("a", node("a", tools=["tavily"])), name="lacking")
+    with pytest.raises(EvalError) as refused:
+        eval_run_start(golden_set=support_set, version=lacking)
+    assert "tools" in refused.value.errors
+    foreign = make_version(graph("a", node("a")), name="foreign", workspace_=other_workspace)
+    with pytest.raises(EvalError) as refused:
+        eval_run_start(golden_set=support_set, version=foreign)
+    assert "workflow_version" in refused.value.errors
+    assert not EvalRun.objects.exists()
+
+
+def test_item_and_set_validation_name_the_field(workspace):
+    with pytest.raises(EvalError) as refused:
+        golden_set_create(workspace=workspace, name="bad", graders=[{"kind": "nonsense"}])
+    assert any("graders" in key for key in refused.value.errors)
+    golden = golden_set_create(workspace=workspace, name="ok", graders=[{"kind": "exact"}])
+    for kwargs, field in [({"input": None}, "input"), ({"rubric": [{"criterion": "x"}]}, "rubric"),
+                          ({"tags": "critical"}, "tags"), ({"metadata": [1]}, "metadata")]:
+        with pytest.raises(EvalError) as refused:
+            golden_item_add(golden_set=golden, **({"input": {"text": "q"}} | kwargs))
+        assert field in refused.value.errors
+
+
+def test_compare_promote_and_rollback(facts, support_set, support_versions, evaluate, owner):
+    from workflows.services import workflow_version_activate
+
+    base, better = support_versions
+    workflow_version_activate(version=base)
+    base_run, better_run = evaluate(support_set, base), evaluate(support_set, better)
+    assert better_run.avg_score > base_run.avg_score
+    evidence = compare_versions(golden_set=support_set, version_a=base, version_b=better)
+    comparison = evidence["comparison"]
+    assert comparison["n"] == 6 and comparison["mean_diff"] > 0 and comparison["ci_low"] <= comparison["mean_diff"]
+    assert comparison["verdict"] == "better" and comparison["p_value"] < 0.05, evidence
+    assert [row["item"] for row in evidence["items"]] == list(support_set.items.order_by("position")
+                                                            .values_list("pk", flat=True))
+    with pytest.raises(EvalError, match="already the active version"):
+        version_promote(candidate=base, golden_set=support_set)
+    promotion = version_promote(candidate=better, golden_set=support_set, user=owner)
+    better.refresh_from_db()
+    base.refresh_from_db()
+    assert better.status == "active" and base.status == "archived"
+    assert promotion.previous_version == base and promotion.evidence["comparison"]["verdict"] == "better"
+    assert promotion.decided_by == owner
+    rollback = version_rollback(workflow=base.workflow, user=owner)
+    base.refresh_from_db()
+    better.refresh_from_db()
+    assert base.status == "active" and better.status == "archived"
+    assert rollback.action == Promotion.Action.ROLLBACK and rollback.previous_version == better
+
+
+def test_a_candidate_that_is_not_significantly_better_is_refused(facts, support_set, support_versions, evaluate):
+    from workflows.services import workflow_version_activate, workflow_version_create
+
+    base, better = support_versions
+    workflow_version_activate(version=better)
+    evaluate(support_set, better)
+    evaluate(support_set, base)
+    with pytest.raises(PromotionRefused) as refused:
+        version_promote(candidate=base, golden_set=support_set)
+    assert refused.value.evidence["comparison"]["verdict"] == "worse"
+    better.refresh_from_db()
+    assert better.status == "active"
+    # a rewording with the same behaviour: no significant difference
+    same, _ = workflow_version_create(workflow=base.workflow, dsl={**better.dsl, "description": "reworded"})
+    evaluate(support_set, same)
+    with pytest.raises(PromotionRefused) as refused:
+        version_promote(candidate=same, golden_set=support_set)
+    assert refused.value.evidence["comparison"]["verdict"] == "no significant difference"
+    assert WorkflowVersion.objects.get(pk=better.pk).status == "active"
+
+
+def test_a_critical_regression_blocks_a_promotion(support_set, support_versions, owner, monkeypatch):
+    """Eight items better by 0.3 to 0.5, the critical one worse by 0.15: significant overall, still refused."""
+    from evals import services
+    from workflows.services import workflow_version_activate
+
+    base, better = support_versions
+    workflow_version_activate(version=base)
+    items = list(support_set.items.order_by("position"))
+    critical = next(i for i in items if i.critical)
+    a_scores = {i.pk: 0.5 for i in items}
+    b_scores = {i.pk: (0.35 if i.pk == critical.pk else 0.8) for i in items}
+    extra = [golden_item_add(golden_set=support_set, input={"text": f"q{n}"}, expected_output="x") for n in range(3)]
+    for item in extra:
+        a_scores[item.pk], b_scores[item.pk] = 0.4, 0.9
+    runs = {base.pk: EvalRun(pk=1), better.pk: EvalRun(pk=2)}
+    monkeypatch.setattr("evals.selectors.latest_completed_run", lambda golden_set, version: runs[version.pk])
+    monkeypatch.setattr("evals.selectors.run_scores", lambda run: a_scores if run.pk == 1 else b_scores)
+    evidence = services.compare_versions(golden_set=support_set, version_a=base, version_b=better)
+    assert evidence["comparison"]["verdict"] == "better"
+    assert [row["item"] for row in evidence["critical_regressions"]] == [critical.pk]
+    with pytest.raises(PromotionRefused, match="critical"):
+        version_promote(candidate=better, golden_set=support_set, user=owner)
+
+
+def test_a_failure_at_the_start_is_recorded_on_the_eval_run(support_set, support_versions, evaluate, monkeypatch):
+    from evals import execution
+
+    def broken(*args):
+        raise RuntimeError("the database said no")
+
+    monkeypatch.setattr(execution, "eval_begin", broken)
+    run = evaluate(support_set, support_versions[0])
+    assert run.status == "failed" and "the database said no" in run.error and run.ended_at
