@@ -17,7 +17,8 @@ what the failures show                      change
 a JSON-field or JSON-schema grade below 1   ``Answer in JSON with the fields ...`` naming the
                                             expected output's keys (else the schema's)
 expected facts missing from the answer      ``knowledge_search`` added to the node's tools and
-(contains / token F1 low)                   ``Call knowledge_search before answering.``
+(contains / token F1 below 0.5, or most    ``Call knowledge_search before answering.``
+words of the expected JSON values absent)
 expected answers carry a ``Sources:`` line  ``Cite your sources.``
 or ``[n]`` markers
 expected answers are bullet lists           ``Answer as a bullet list.``
@@ -149,6 +150,21 @@ def _expected_json(text: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
+def _words(value) -> set[str]:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return {word for word in re.findall(r"\w+", text.lower()) if len(word) > 2}
+
+
+def _values_missing(actual: str, expected: str) -> bool:
+    """Whether most words of the expected JSON's values are absent from the answer, whatever its
+    shape: the facts are missing, not only the format."""
+    wanted = _expected_json(expected)
+    if not wanted:
+        return False
+    words = set().union(*(_words(value) for value in wanted.values())) if wanted else set()
+    return bool(words) and len(words & _words(actual or "")) < len(words) / 2
+
+
 def _sentences(text: str) -> int:
     return len([s for s in re.split(r"(?<=[.!?])\s+|\n+", text.strip()) if s.strip()])
 
@@ -194,15 +210,19 @@ def offline_proposal(version: WorkflowVersion, node_id: str, failures: list[Gold
         if current is None or sorted(current.arguments.get("fields", [])) != sorted(fields):
             propose_change("json_fields", DIRECTIVES["json_fields"].text(fields=fields),
                            f"answer in JSON with the fields {', '.join(fields)}", json_misses)
-    # missing facts: look them up
+    # missing facts (a text grade low, or a JSON answer with the right fields and wrong values): look them up
     fact_misses = [i for i, r in enumerate(failures)
-                   if min([s for k, s in _grades(r).items() if k in ("contains", "token_f1")] or [1]) < 0.5]
+                   if min([s for k, s in _grades(r).items() if k in ("contains", "token_f1")] or [1]) < 0.5
+                   or (_grades(r).get("json_fields", 1) < 1
+                       and _values_missing(r.actual_output, r.golden_item.expected_output))]
     if fact_misses and "knowledge_search" not in [f.arguments.get("tool") for f in present.values()
                                                   if f.key == "tool_first"]:
         propose_change("tool_first", DIRECTIVES["tool_first"].text(tool="knowledge_search"),
                        "look the facts up: knowledge_search before answering", fact_misses)
     # shapes of the expected answers
-    expected = [r.golden_item.expected_output or "" for r in failures]
+    # the shape of prose answers (a JSON expected output's shape is its fields, handled above)
+    expected = ["" if _expected_json(r.golden_item.expected_output or "") else r.golden_item.expected_output or ""
+                for r in failures]
     actual = [r.actual_output or "" for r in failures]
     cites = [i for i, e in enumerate(expected) if ("Sources:" in e or re.search(r"\[\d+\]", e))
              and "Sources:" not in actual[i]]
@@ -225,7 +245,8 @@ def offline_proposal(version: WorkflowVersion, node_id: str, failures: list[Gold
             propose_change("unknown_answer", DIRECTIVES["unknown_answer"].text(phrase=phrase),
                            f'say "{phrase}" when the sources do not answer', unknown)
     prefixes = {re.match(r"^(\w+:)", e.strip()).group(1) for e in expected if re.match(r"^(\w+:)", e.strip())}
-    if len(prefixes) == 1 and len(expected) >= 2 and all(e.strip().startswith(next(iter(prefixes))) for e in expected):
+    if len(prefixes) == 1 and len(expected) >= 2 and all(e and e.strip().startswith(next(iter(prefixes)))
+                                                         for e in expected):
         prefix = next(iter(prefixes))
         misses = [i for i, a in enumerate(actual) if not a.startswith(prefix)]
         if misses and "prefix" not in present:
