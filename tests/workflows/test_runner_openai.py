@@ -100,8 +100,9 @@ def _test_database_url() -> str:
 
 def _worker(name: str, base_url: str) -> subprocess.Popen:
     env = {**os.environ, "DATABASE_URL": _test_database_url(), "DURABLE_LEASE_SECONDS": "2",
-           "DURABLE_STEP_DEFAULT_TIMEOUT": "3", "LLM_PROVIDER": "openai", "OPENAI_API_KEY": "sk-test",
-           "OPENAI_BASE_URL": base_url, "LLM_CACHE_ENABLED": "false", "LLM_MAX_RETRIES": "0"}
+           "DURABLE_STEP_DEFAULT_TIMEOUT": "3", "DURABLE_REDISPATCH_AFTER_SECONDS": "3", "LLM_PROVIDER": "openai",
+           "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": base_url, "LLM_CACHE_ENABLED": "false",
+           "LLM_MAX_RETRIES": "0"}
     return subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "turns,steps", "-c", "1", "--pool",
          "prefork", "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"{name}@%h",
@@ -118,7 +119,7 @@ def test_a_worker_killed_mid_invocation_resumes_without_repeating_a_completed_mo
     settings.DURABLE_LEASE_SECONDS = 2
     settings.DURABLE_STEP_DEFAULT_TIMEOUT = 3
     third_call_started = threading.Event()
-    hold = threading.Event()
+    hold, release = threading.Event(), threading.Event()
 
     with FakeOpenAIChat() as server:
         original = server.routes["/v1/chat/completions"]
@@ -129,7 +130,7 @@ def test_a_worker_killed_mid_invocation_resumes_without_repeating_a_completed_mo
             if b"Node three." in body and not hold.is_set():
                 hold.set()
                 third_call_started.set()
-                time.sleep(30)  # the worker is killed while it waits for this answer
+                release.wait(30)  # the worker is killed while it waits for this answer
             return original(handler, body)
 
         server.routes["/v1/chat/completions"] = slow_third_node
@@ -153,6 +154,7 @@ def test_a_worker_killed_mid_invocation_resumes_without_repeating_a_completed_mo
                 tick.tick()
                 time.sleep(0.3)
         finally:
+            release.set()
             stop_process_groups(workers, timeout=20)
         assert invocation.status == "completed", invocation.error
         assert received.count("Node one.") == 1 and received.count("Node two.") == 1
