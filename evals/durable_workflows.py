@@ -49,3 +49,19 @@ def eval_run(ctx, input: dict) -> dict:
         ctx.step("fail", execution.eval_fail, eval_run_id, describe(exc))
         raise
     return summary
+
+
+REEVALUATE_WORKFLOW = "evals.reevaluate"
+
+
+@workflow(REEVALUATE_WORKFLOW)  # started by its schedule (evals.services.reevaluation_schedule_save)
+def reevaluate(ctx, input: dict | None = None) -> dict:
+    """Re-evaluate the active version of every golden set's workflow in the run's workspace (each
+    an eval run, as a child run) and flag each that dropped significantly since its previous run."""
+    created = ctx.transaction("runs", execution.reevaluation_runs_create, ctx.namespace)
+    runs = created["runs"]
+    ctx.all([Child(EVAL_WORKFLOW, {"eval_run_id": run_id}, name=f"eval:{run_id}") for run_id in runs],
+            return_exceptions=True)
+    checks = {str(run_id): ctx.step(f"check:{run_id}", execution.regression_check, run_id) for run_id in runs}
+    return {"runs": runs, "skipped": created["skipped"],
+            "dropped": [int(run_id) for run_id, check in checks.items() if check.get("dropped")]}

@@ -187,3 +187,68 @@ def eval_fail(eval_run_id: int, error: str, status: str = EvalRun.Status.FAILED,
         runs = runs.filter(workspace_id=Workspace.id_of_namespace(namespace))
     runs.exclude(status__in=EvalRun.TERMINAL).update(
         status=status, error=error[:5000], ended_at=now(), updated_at=now())
+
+
+def reevaluation_runs_create(namespace: str) -> dict:
+    """The eval runs of a scheduled re-evaluation (in a ``ctx.transaction``: created once): one per
+    golden set of the namespace's workspace whose workflow has an active version that can run here,
+    results not reused (the point is to see drift). Returns {"runs": [ids], "skipped": [reasons]}."""
+    from evals.conf import eval_settings
+    from evals.graders import GraderConfigError, validate_graders
+    from evals.models import GoldenSet
+    from workflows.conf import workflow_settings
+    from workflows.models import WorkflowVersion
+    from workflows.services import version_problems
+
+    workspace_id = Workspace.id_of_namespace(namespace)
+    runs, skipped = [], []
+    sets = GoldenSet.objects.filter(workspace_id=workspace_id, workflow__isnull=False).order_by("pk")
+    conf, wf = eval_settings(), workflow_settings()
+    for golden in sets:
+        version = WorkflowVersion.objects.filter(workflow_id=golden.workflow_id,
+                                                 status=WorkflowVersion.Status.ACTIVE).first()
+        if version is None or not golden.items.exists():
+            continue
+        try:
+            graders = validate_graders(golden.graders)
+        except GraderConfigError as exc:
+            skipped.append(f"{golden.name}: graders: {exc}")
+            continue
+        problems = version_problems(version)
+        if problems:
+            skipped.append(f"{golden.name}: version {version.pk} cannot run: {problems}")
+            continue
+        run = EvalRun.objects.create(
+            workspace_id=workspace_id, golden_set=golden, workflow_version=version, reuse=False,
+            origin=EvalRun.Origin.SCHEDULE,
+            config={"graders": graders, "threshold": golden.pass_threshold, "judge_model": conf.judge_model,
+                    "concurrency": conf.concurrency, "node_budget": wf.node_budget, "usd_budget": f"{wf.usd_budget}"})
+        runs.append(run.pk)
+    return {"runs": runs, "skipped": skipped}
+
+
+def regression_check(eval_run_id: int) -> dict:
+    """Compare a re-evaluation with the previous completed run of the same version on the same set
+    (paired test); a significant drop is recorded on the run (`regression`)."""
+    from evals.conf import eval_settings
+    from evals.stats import paired_comparison
+
+    run = EvalRun.objects.get(pk=eval_run_id)
+    if run.status != EvalRun.Status.COMPLETED:
+        return {"checked": False, "reason": f"the run {run.status}"}
+    previous = EvalRun.objects.filter(golden_set_id=run.golden_set_id, workflow_version_id=run.workflow_version_id,
+                                      status=EvalRun.Status.COMPLETED, ended_at__lt=run.ended_at) \
+        .exclude(pk=run.pk).order_by("-ended_at").first()
+    if previous is None:
+        return {"checked": False, "reason": "no earlier run to compare with"}
+    before = dict(GoldenResult.objects.filter(eval_run=previous).values_list("golden_item_id", "score"))
+    after = dict(GoldenResult.objects.filter(eval_run=run).values_list("golden_item_id", "score"))
+    paired = sorted(pk for pk in before if before[pk] is not None and after.get(pk) is not None)
+    conf = eval_settings()
+    comparison = paired_comparison([before[pk] for pk in paired], [after[pk] for pk in paired], alpha=conf.alpha,
+                                   resamples=conf.bootstrap_resamples)
+    dropped = comparison.verdict == "worse"
+    if dropped:
+        EvalRun.objects.filter(pk=run.pk).update(regression={"previous_run": previous.pk,
+                                                             "comparison": comparison.as_dict()}, updated_at=now())
+    return {"checked": True, "dropped": dropped, "previous_run": previous.pk, "verdict": comparison.verdict}

@@ -235,3 +235,15 @@ def version_rollback(*, workflow: Workflow, user=None) -> Promotion:
                                         action=Promotion.Action.ROLLBACK, evidence={"rolled_back_from":
                                                                                     getattr(active, "pk", None)},
                                         decided_by=user if getattr(user, "pk", None) else None)
+
+
+def reevaluation_schedule_save(*, workspace, cron: str = "0 3 * * *", timezone_name: str = "UTC",
+                               paused: bool = False):
+    """The durable schedule that re-evaluates the workspace's active versions (nightly at 03:00 UTC by
+    default) and flags a significant drop on the new eval run. One per workspace; saving again updates it."""
+    from durable.services import schedule_save
+    from evals.durable_workflows import REEVALUATE_WORKFLOW
+
+    return schedule_save(key="evals-reevaluate", workflow=REEVALUATE_WORKFLOW, namespace=workspace.namespace,
+                         cron=cron, timezone_name=timezone_name, paused=paused, overlap="skip",
+                         tags=["eval", "schedule"])
