@@ -1,0 +1,117 @@
+"""manage.py eval SET VERSION: run a golden set against a workflow version with a progress bar, then
+print the per-item results and the summary."""
+
+import sys
+import threading
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+
+from durable.management.commands.durable import table
+from evals.models import EvalRun, GoldenResult
+from evals.selectors import golden_set_lookup, score_histogram
+from evals.services import EvalError, eval_run_start
+from workflows.selectors import version_lookup
+
+
+def progress_bar(done: int, total: int, width: int = 30) -> str:
+    filled = width * done // total if total else 0
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def follow(command: BaseCommand, run: EvalRun, *, workers: bool, timeout: float) -> EvalRun:
+    """Drive the eval run in this process (or leave it to the workers) and draw its progress."""
+    from durable.inprocess import run_until_settled
+
+    driver = None
+    if not workers:
+        def drive():
+            from django.db import connection
+
+            try:
+                run_until_settled(run.durable_run_id, max_wait=timeout)
+            finally:
+                connection.close()
+
+        driver = threading.Thread(target=drive, name="eval-run", daemon=True)
+        driver.start()
+    interactive = command.stdout.isatty() if hasattr(command.stdout, "isatty") else False
+    deadline, last = time.monotonic() + timeout, None
+    while True:
+        run.refresh_from_db()
+        line = f"{progress_bar(run.items_done, run.items_total)} {run.status}"
+        if line != last:
+            command.stdout.write(("\r" + line) if interactive else line, ending="" if interactive else "\n")
+            last = line
+        if run.status in EvalRun.TERMINAL:
+            break
+        if time.monotonic() > deadline or (driver is not None and not driver.is_alive()):
+            run.refresh_from_db()
+            if run.status in EvalRun.TERMINAL:
+                continue
+            raise CommandError(f"eval run {run.pk} is still {run.status}; start the workers (make run) "
+                               "or follow it in the admin")
+        time.sleep(0.2)
+    if interactive:
+        command.stdout.write("")
+    return run
+
+
+class Command(BaseCommand):
+    help = "Run a golden set against a workflow version: a progress bar, the per-item results and a summary."
+
+    def add_arguments(self, parser):
+        parser.add_argument("golden_set", help="The golden set's id or name.")
+        parser.add_argument("version", help="A version id or at least 6 characters of its hash.")
+        parser.add_argument("--workspace", metavar="SLUG", help="The workspace, when several sets share the name.")
+        parser.add_argument("--no-reuse", action="store_true", help="Run every item again (no earlier results).")
+        parser.add_argument("--concurrency", type=int, default=None, help="Items invoked at once (default 4).")
+        parser.add_argument("--workers", action="store_true",
+                            help="Leave the run to the Celery workers and follow it (default: run it here).")
+        parser.add_argument("--timeout", type=float, default=1800, help="Seconds to follow the run (1800).")
+
+    def handle(self, *args, golden_set, version, workspace=None, no_reuse=False, concurrency=None, workers=False,
+               timeout=1800.0, **options):
+        try:
+            golden = golden_set_lookup(golden_set, workspace=workspace)
+            target = version_lookup(version)
+        except LookupError as exc:
+            raise CommandError(str(exc)) from None
+        try:
+            run = eval_run_start(golden_set=golden, version=target, reuse=not no_reuse, concurrency=concurrency)
+        except EvalError as exc:
+            lines = [f"  {field}: {error}" for field, errors in exc.errors.items() for error in errors]
+            raise CommandError("The eval run cannot start:\n" + "\n".join(lines)) from None
+        self.stdout.write(f"eval run {run.pk}: {golden.name!r} x version {target.pk} ({target.dsl_hash[:12]}) "
+                          f"of {target.workflow.name!r}")
+        run = follow(self, run, workers=workers, timeout=timeout)
+        if run.status != EvalRun.Status.COMPLETED:
+            raise CommandError(f"eval run {run.pk} {run.status}: {run.error}")
+        self.print_results(run)
+
+    def print_results(self, run: EvalRun) -> None:
+        rows = []
+        for result in GoldenResult.objects.filter(eval_run=run).select_related("golden_item"):
+            question = result.golden_item.input
+            question = question.get("text", question) if isinstance(question, dict) else question
+            score = "error" if result.score is None else f"{result.score:.2f}"
+            rows.append([result.golden_item.position, str(question)[:48], score,
+                         "pass" if result.passed else ("-" if result.passed is None else "fail"),
+                         result.grader[:32], "reused" if result.reused_from_id else ""])
+        self.stdout.write("")
+        self.stdout.write(table(["#", "input", "score", "", "grader", ""], rows))
+        self.stdout.write("")
+        bins = score_histogram(run, bins=5)
+        self.stdout.write("scores: " + "  ".join(f"{b['low']:.1f}-{b['high']:.1f}: {b['count']}" for b in bins))
+        summary = [
+            ["average score", "-" if run.avg_score is None else f"{run.avg_score:.3f}"],
+            ["pass rate", "-" if run.pass_rate is None else f"{run.pass_rate:.0%} (threshold "
+                                                              f"{run.config.get('threshold')})"],
+            ["fitness", "-" if run.fitness is None else f"{run.fitness:.2f} / 100"],
+            ["items", f"{run.items_done} ({run.items_reused} reused, {run.grading_errors} grading errors)"],
+            ["cost", f"${run.usd_cost:.6f} (paid now ${run.paid_usd:.6f}, judge ${run.judge_usd:.6f})"],
+            ["latency p50 / p95", "-" if run.latency_p50_ms is None
+             else f"{run.latency_p50_ms:.0f} / {run.latency_p95_ms:.0f} ms"],
+        ]
+        self.stdout.write(table(["", ""], summary))
+        sys.stdout.flush()
