@@ -62,3 +62,39 @@ def version_lookup(ref: str) -> WorkflowVersion:
     if len(matches) > 1:
         raise LookupError(f"{ref!r} matches several versions; give more of the hash")
     return matches[0]
+
+
+_LINEAGE_SQL = """
+WITH RECURSIVE lineage(id, depth) AS (
+    SELECT step.id, 1 FROM {table} AS start JOIN {table} AS step ON {join} WHERE start.id = %s
+    UNION
+    SELECT step.id, lineage.depth + 1 FROM lineage
+    JOIN {table} AS start ON start.id = lineage.id
+    JOIN {table} AS step ON {join}
+    WHERE lineage.depth < %s
+)
+SELECT id, min(depth) FROM lineage GROUP BY id ORDER BY min(depth), id
+"""
+_UP = "step.id = start.parent1_id OR step.id = start.parent2_id"
+_DOWN = "step.parent1_id = start.id OR step.parent2_id = start.id"
+
+
+def _lineage(version_id: int, join: str, max_depth: int) -> list[tuple[int, int]]:
+    from django.db import connection
+
+    sql = _LINEAGE_SQL.format(table=WorkflowVersion._meta.db_table, join=join)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [version_id, max_depth])
+        return [(row[0], row[1]) for row in cursor.fetchall()]
+
+
+def version_ancestors(version: WorkflowVersion | int, *, max_depth: int = 10_000) -> list[tuple[int, int]]:
+    """Every ancestor of a version through either parent, as (version id, generations back), nearest
+    first: one recursive query."""
+    return _lineage(getattr(version, "pk", version), _UP, max_depth)
+
+
+def version_descendants(version: WorkflowVersion | int, *, max_depth: int = 10_000) -> list[tuple[int, int]]:
+    """Every descendant of a version (children through either parent, theirs, ...), as (version id,
+    generations down), nearest first: one recursive query."""
+    return _lineage(getattr(version, "pk", version), _DOWN, max_depth)

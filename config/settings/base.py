@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "knowledge",
     "workflows",
     "evals",
+    "evolution",
 ]
 
 MIDDLEWARE = [

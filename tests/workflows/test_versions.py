@@ -140,3 +140,33 @@ def test_the_admin_shows_a_version_read_only_and_only_to_its_workspace(admin_cli
     assert client.get(url).status_code in (302, 404)
     listing = client.get(reverse("admin:workflows_workflowversion_changelist"))
     assert listing.status_code == 200 and version.dsl_hash[:12] not in listing.content.decode()
+
+
+@pytest.mark.django_db
+def test_ancestors_and_descendants_in_one_query_each_through_both_parents(workspace, django_assert_num_queries):
+    from workflows.selectors import version_ancestors, version_descendants
+
+    workflow = workflow_create(workspace=workspace, name="lineage")
+
+    def version(label, *parents):
+        document = two_nodes()
+        document["nodes"][0]["systemPrompt"] = label
+        return workflow_version_create(workflow=workflow, dsl=document, parents=parents,
+                                       operation="crossover" if len(parents) == 2 else "mutation")[0]
+
+    root = version("root")
+    left, right = version("left", root), version("right", root)
+    child = version("child", left, right)  # a crossover: a diamond back to the root
+    chain = [child]
+    for n in range(30):
+        chain.append(version(f"deep {n}", chain[-1]))
+    with django_assert_num_queries(1):
+        ancestors = version_ancestors(chain[-1])
+    assert ancestors[:2] == [(chain[-2].pk, 1), (chain[-3].pk, 2)]
+    assert dict(ancestors)[root.pk] == 32 and {left.pk, right.pk} <= dict(ancestors).keys()
+    assert len(ancestors) == 33  # 29 in the chain above, child, left, right, root: each once
+    with django_assert_num_queries(1):
+        descendants = version_descendants(root)
+    assert dict(descendants)[left.pk] == 1 and dict(descendants)[child.pk] == 2 and len(descendants) == 33
+    assert version_ancestors(root) == [] and version_descendants(chain[-1]) == []
+    assert len(version_ancestors(chain[-1], max_depth=3)) == 3
