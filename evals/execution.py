@@ -51,8 +51,10 @@ def eval_begin(eval_run_id: int, namespace: str, run_id: str) -> dict:
             return {"refused": f"eval run {eval_run_id} is driven by run {run.durable_run_id}"}
         if run.status in EvalRun.TERMINAL:
             return {"ended": run.status}
-        items = list(GoldenItem.objects.filter(golden_set_id=run.golden_set_id).order_by("position", "id")
-                     .values_list("pk", "content_hash"))
+        items = GoldenItem.objects.filter(golden_set_id=run.golden_set_id)
+        if run.config.get("item_ids"):  # a minibatch: only these items of the set
+            items = items.filter(pk__in=run.config["item_ids"])
+        items = list(items.order_by("position", "id").values_list("pk", "content_hash"))
         digest = graders_hash(run.config["graders"])
         keys = {pk: reuse_key(run.workflow_version_id, content, digest) for pk, content in items}
         reused = {}
@@ -193,36 +195,22 @@ def reevaluation_runs_create(namespace: str) -> dict:
     """The eval runs of a scheduled re-evaluation (in a ``ctx.transaction``: created once): one per
     golden set of the namespace's workspace whose workflow has an active version that can run here,
     results not reused (the point is to see drift). Returns {"runs": [ids], "skipped": [reasons]}."""
-    from evals.conf import eval_settings
-    from evals.graders import GraderConfigError, validate_graders
     from evals.models import GoldenSet
-    from workflows.conf import workflow_settings
+    from evals.services import EvalError, eval_run_prepare
     from workflows.models import WorkflowVersion
-    from workflows.services import version_problems
 
-    workspace_id = Workspace.id_of_namespace(namespace)
     runs, skipped = [], []
-    sets = GoldenSet.objects.filter(workspace_id=workspace_id, workflow__isnull=False).order_by("pk")
-    conf, wf = eval_settings(), workflow_settings()
-    for golden in sets:
-        version = WorkflowVersion.objects.filter(workflow_id=golden.workflow_id,
-                                                 status=WorkflowVersion.Status.ACTIVE).first()
+    sets = GoldenSet.objects.filter(workspace_id=Workspace.id_of_namespace(namespace), workflow__isnull=False)
+    for golden in sets.select_related("workspace").order_by("pk"):
+        version = WorkflowVersion.objects.filter(workflow_id=golden.workflow_id, status=WorkflowVersion.Status.ACTIVE) \
+            .select_related("workflow").first()
         if version is None or not golden.items.exists():
             continue
         try:
-            graders = validate_graders(golden.graders)
-        except GraderConfigError as exc:
-            skipped.append(f"{golden.name}: graders: {exc}")
+            run = eval_run_prepare(golden_set=golden, version=version, reuse=False, origin=EvalRun.Origin.SCHEDULE)
+        except EvalError as exc:
+            skipped.append(f"{golden.name}: {exc}")
             continue
-        problems = version_problems(version)
-        if problems:
-            skipped.append(f"{golden.name}: version {version.pk} cannot run: {problems}")
-            continue
-        run = EvalRun.objects.create(
-            workspace_id=workspace_id, golden_set=golden, workflow_version=version, reuse=False,
-            origin=EvalRun.Origin.SCHEDULE,
-            config={"graders": graders, "threshold": golden.pass_threshold, "judge_model": conf.judge_model,
-                    "concurrency": conf.concurrency, "node_budget": wf.node_budget, "usd_budget": f"{wf.usd_budget}"})
         runs.append(run.pk)
     return {"runs": runs, "skipped": skipped}
 

@@ -82,14 +82,13 @@ def item_errors(*, input, expected_output, scoring_criteria, rubric, tags, metad
 
 # ---------------------------------------------------------------------------------------------- eval runs
 
-def eval_run_start(*, golden_set: GoldenSet, version: WorkflowVersion, user=None, reuse: bool = True,
-                   origin: str = EvalRun.Origin.MANUAL, concurrency: int | None = None,
-                   node_budget: int | None = None, usd_budget=None) -> EvalRun:
-    """Start an eval run of `version` on `golden_set` (a durable run; the worker does the rest).
-    Refused (EvalError) when the set has no items, the version is of another workspace, or it cannot
-    run here (missing tools or models)."""
-    from durable.services import run_start
-    from evals.durable_workflows import EVAL_WORKFLOW
+def eval_run_prepare(*, golden_set: GoldenSet, version: WorkflowVersion, user=None, reuse: bool = True,
+                     origin: str = EvalRun.Origin.MANUAL, concurrency: int | None = None,
+                     node_budget: int | None = None, usd_budget=None, item_ids: list[int] | None = None) -> EvalRun:
+    """Validate and write an eval run (queued, no durable run yet): what `eval_run_start` starts, and
+    what a parent run (a re-evaluation, an evolution) runs as its child. EvalError when the set has
+    no items, the version is of another workspace or cannot run here (missing tools or models).
+    `item_ids` restricts the run to those items of the set (a minibatch)."""
     from evals.graders import GraderConfigError, validate_graders
     from workflows.conf import workflow_settings
     from workflows.services import version_problems
@@ -98,8 +97,11 @@ def eval_run_start(*, golden_set: GoldenSet, version: WorkflowVersion, user=None
     errors: dict[str, list[str]] = {}
     if version.workflow.workspace_id != golden_set.workspace_id:
         errors["workflow_version"] = ["belongs to another workspace"]
-    if not GoldenItem.objects.filter(golden_set=golden_set).exists():
-        errors["golden_set"] = ["has no items"]
+    items = GoldenItem.objects.filter(golden_set=golden_set)
+    if item_ids is not None:
+        items = items.filter(pk__in=item_ids)
+    if not items.exists():
+        errors["golden_set"] = ["has no items" if item_ids is None else "has none of the items asked for"]
     try:
         graders = validate_graders(golden_set.graders)
     except GraderConfigError as exc:
@@ -116,13 +118,26 @@ def eval_run_start(*, golden_set: GoldenSet, version: WorkflowVersion, user=None
     config = {"graders": graders, "threshold": golden_set.pass_threshold, "judge_model": conf.judge_model,
               "concurrency": concurrency or conf.concurrency, "node_budget": node_budget or wf.node_budget,
               "usd_budget": f"{usd_budget if usd_budget is not None else wf.usd_budget}"}
-    workspace = golden_set.workspace
+    if item_ids is not None:
+        config["item_ids"] = sorted(int(pk) for pk in item_ids)
+    return EvalRun.objects.create(workspace=golden_set.workspace, golden_set=golden_set, workflow_version=version,
+                                  reuse=reuse, origin=origin, config=config,
+                                  created_by=user if getattr(user, "pk", None) else None)
+
+
+def eval_run_start(*, golden_set: GoldenSet, version: WorkflowVersion, user=None, reuse: bool = True,
+                   origin: str = EvalRun.Origin.MANUAL, concurrency: int | None = None,
+                   node_budget: int | None = None, usd_budget=None) -> EvalRun:
+    """Start an eval run of `version` on `golden_set` (a durable run; the worker does the rest).
+    Refused (EvalError) as `eval_run_prepare` says."""
+    from durable.services import run_start
+    from evals.durable_workflows import EVAL_WORKFLOW
+
     with transaction.atomic():
-        run = EvalRun.objects.create(workspace=workspace, golden_set=golden_set, workflow_version=version,
-                                     reuse=reuse, origin=origin, config=config,
-                                     created_by=user if getattr(user, "pk", None) else None)
+        run = eval_run_prepare(golden_set=golden_set, version=version, user=user, reuse=reuse, origin=origin,
+                               concurrency=concurrency, node_budget=node_budget, usd_budget=usd_budget)
         durable = run_start(workflow=EVAL_WORKFLOW, input={"eval_run_id": run.pk}, run_id=f"eval-{run.pk}",
-                            namespace=workspace.namespace, tags=["eval", f"golden_set:{golden_set.pk}"])
+                            namespace=golden_set.workspace.namespace, tags=["eval", f"golden_set:{golden_set.pk}"])
         run.durable_run_id = durable.pk
         run.save(update_fields=["durable_run", "updated_at"])
     return run
