@@ -18,4 +18,6 @@ app.conf.beat_schedule = {
     "durable-retention": {"task": "durable.retention", "schedule": 60.0, "options": {"expires": 50}},
     # workflow invocations whose durable run was cancelled or declared dead elsewhere take its end
     "workflows-reconcile": {"task": "workflows.reconcile", "schedule": 30.0, "options": {"expires": 25}},
+    "evals-reconcile": {"task": "evals.reconcile", "schedule": 30.0, "options": {"expires": 25}},
+    "evolution-reconcile": {"task": "evolution.reconcile", "schedule": 30.0, "options": {"expires": 25}},
 }

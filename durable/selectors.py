@@ -338,3 +338,22 @@ class ScopedRunReader:
 
 def scoped(namespace: str) -> ScopedRunReader:
     return ScopedRunReader(namespace)
+
+
+def runs_ended_without_owner(pairs) -> list[tuple[int, str, str]]:
+    """For rows that a durable run drives ((row pk, run id) pairs, the row still active): those whose run
+    ended other than completed, or no longer exists, as (row pk, "cancelled" or "failed", reason). The
+    apps that keep their own status beside a run (invocations, eval runs, evolution runs) use it to take
+    an end their run could not write (cancelled from the durable admin, declared dead, deleted)."""
+    pairs = list(pairs)
+    statuses = dict(DurableRun.objects.filter(pk__in=[run_id for _, run_id in pairs]).values_list("pk", "status"))
+    ended = []
+    for pk, run_id in pairs:
+        status = statuses.get(run_id)
+        if status is None:
+            ended.append((pk, "failed", f"its durable run {run_id} no longer exists"))
+        elif status == DurableRun.Status.CANCELLED:
+            ended.append((pk, "cancelled", f"its durable run {run_id} was cancelled"))
+        elif status in DurableRun.Status.TERMINAL and status != DurableRun.Status.COMPLETED:
+            ended.append((pk, "failed", f"its durable run {run_id} ended {status}"))
+    return ended

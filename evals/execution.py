@@ -240,3 +240,15 @@ def regression_check(eval_run_id: int) -> dict:
         EvalRun.objects.filter(pk=run.pk).update(regression={"previous_run": previous.pk,
                                                              "comparison": comparison.as_dict()}, updated_at=now())
     return {"checked": True, "dropped": dropped, "previous_run": previous.pk, "verdict": comparison.verdict}
+
+
+def eval_runs_reconcile(*, limit: int = 500) -> int:
+    """End the eval runs whose durable run ended without them (cancelled with a parent evolution run,
+    from the durable admin, declared dead, or deleted). Returns how many."""
+    from durable.selectors import runs_ended_without_owner
+
+    active = EvalRun.objects.exclude(status__in=EvalRun.TERMINAL).exclude(durable_run_id=None)
+    ended = runs_ended_without_owner(active.values_list("pk", "durable_run_id")[:limit])
+    for pk, state, reason in ended:
+        eval_fail(pk, reason, status=state)
+    return len(ended)

@@ -37,6 +37,8 @@ class EvolutionRun(models.Model):
     config = models.JSONField(default=dict, blank=True)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     stop_reason = models.CharField(max_length=200, blank=True, default="")
+    # the generation boundary a paused run waits at (its `resume:<boundary>` signal), "" when not waiting
+    paused_at = models.CharField(max_length=50, blank=True, default="")
     best_version = models.ForeignKey(WorkflowVersion, null=True, blank=True, on_delete=models.SET_NULL,
                                      related_name="+")
     base_fitness = models.FloatField(null=True, blank=True)

@@ -344,22 +344,10 @@ def invocations_reconcile(*, limit: int = 500) -> int:
     """End the invocations whose durable run ended without them: a run cancelled from the durable
     admin or API, declared dead after too many crashed turns, or deleted by retention. Such an
     invocation takes its run's state (cancelled or failed) with the reason. Returns how many."""
-    from durable.models import DurableRun
+    from durable.selectors import runs_ended_without_owner
 
-    ended = 0
-    active = WorkflowInvocation.objects.exclude(status__in=WorkflowInvocation.TERMINAL) \
-        .exclude(durable_run_id=None).values_list("pk", "durable_run_id")[:limit]
-    runs = dict(DurableRun.objects.filter(pk__in=[run_id for _, run_id in active]).values_list("pk", "status"))
-    for pk, run_id in active:
-        status = runs.get(run_id)
-        if status is None:
-            reason, state = f"its durable run {run_id} no longer exists", WorkflowInvocation.Status.FAILED
-        elif status == DurableRun.Status.CANCELLED:
-            reason, state = f"its durable run {run_id} was cancelled", WorkflowInvocation.Status.CANCELLED
-        elif status in DurableRun.Status.TERMINAL and status != DurableRun.Status.COMPLETED:
-            reason, state = f"its durable run {run_id} ended {status}", WorkflowInvocation.Status.FAILED
-        else:
-            continue  # active, or completed and about to write its own end
+    active = WorkflowInvocation.objects.exclude(status__in=WorkflowInvocation.TERMINAL).exclude(durable_run_id=None)
+    ended = runs_ended_without_owner(active.values_list("pk", "durable_run_id")[:limit])
+    for pk, state, reason in ended:
         invocation_fail(pk, reason, status=state)
-        ended += 1
-    return ended
+    return len(ended)

@@ -18,7 +18,7 @@ def workflow_create(*, workspace: Workspace, name: str, description: str = "", o
 
 def workflow_version_create(*, workflow: Workflow, dsl, operation: str = WorkflowVersion.Operation.INIT,
                             parents: tuple[WorkflowVersion, ...] = (), commit_message: str = "",
-                            created_by=None) -> tuple[WorkflowVersion, bool]:
+                            created_by=None, generation: int | None = None) -> tuple[WorkflowVersion, bool]:
     """Write a version of `workflow` from a DSL document (validated; DslError names the node and field).
 
     Content-addressed: the same DSL (by its canonical hash) in the same workflow returns the existing
@@ -39,7 +39,7 @@ def workflow_version_create(*, workflow: Workflow, dsl, operation: str = Workflo
         with transaction.atomic():
             version = WorkflowVersion.objects.create(
                 workflow=workflow, dsl=parsed, dsl_hash=digest, operation=operation, parent1=parent1,
-                parent2=parent2, commit_message=commit_message, created_by=created_by,
+                parent2=parent2, commit_message=commit_message, created_by=created_by, generation=generation,
                 input_schema=parsed.get("inputSchema") or {}, output_schema=parsed.get("outputSchema") or {},
                 unresolved_tools=dsl_module.unresolved_tools(parsed),
             )

@@ -1,0 +1,288 @@
+"""Evolution runs as durable runs.
+
+``evolution.run`` improves a workflow against a golden set in one of three modes:
+
+- ``gp`` (genetic programming, REFERENCE.md): an initial population (the base, mutants, immigrants),
+  then per generation: selection (elites, then tournament winners up to half the population),
+  breeding (crossover / mutation / immigrant draws), evaluation of the offspring, and survivors
+  (parents and offspring ranked together, the best `population` kept).
+- ``reflective`` (after GEPA): a candidate is drawn from the Pareto frontier of per-item scores (a
+  version best on at least one item stays eligible, weighted by how many items it leads on),
+  rewritten by the evals rewriter reading its failing items, or merged with another frontier version
+  that leads on other items; the offspring is scored on a minibatch of items first and on the full
+  set only when it beats its parent there.
+- ``iterative``: reflective with a frontier of one: an offspring replaces its parent only when the
+  paired test on the full set says it is significantly better.
+
+Every individual is scored by an eval run (a child run; results of the same version on the same
+item are reused, so a genome is never paid twice, and an offspring identical to an existing version
+is that version). Random choices come from generators seeded by the run's seed and the decision
+(evolution.execution.generator), and breeding happens inside steps, so a resumed run makes the same
+choices and repeats no evaluation. Stop rules: USD budget, evaluation cap, time limit, convergence
+(the best fitness improving by less than epsilon in each of the last N generations), or the
+generations done. An operator may pause the run (it then waits at the next generation boundary for
+the signal `resume:<boundary>` that evolution_resume sends) or cancel it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import datetime
+from decimal import Decimal
+
+from durable import workflow
+from durable.engine import Child
+from evals.durable_workflows import EVAL_WORKFLOW
+from evolution import execution
+from workflows.durable_workflows import describe
+
+EVOLVE_WORKFLOW = "evolution.run"
+MERGE_PROBABILITY = 0.25
+
+
+class EvolutionFailed(Exception):
+    pass
+
+
+@workflow(EVOLVE_WORKFLOW)  # started by evolution.services.evolution_start only
+def evolve(ctx, input: dict) -> dict:
+    """Input: {"evolution_run_id": int}."""
+    run_id = int(input["evolution_run_id"])
+    try:
+        plan = ctx.step("begin", execution.evolution_begin, run_id, ctx.namespace, ctx.run_id)
+    except Exception as exc:
+        ctx.step("fail", execution.evolution_fail, run_id, describe(exc), "failed", ctx.namespace)
+        raise
+    if "refused" in plan:
+        raise EvolutionFailed(plan["refused"])
+    if "ended" in plan:
+        return {"status": plan["ended"]}
+    try:
+        loop = GeneticProgramming(ctx, plan) if plan["mode"] == "gp" else Reflective(ctx, plan)
+        summary = loop.run()
+    except Exception as exc:
+        ctx.step("fail", execution.evolution_fail, run_id, describe(exc))
+        raise
+    ctx.step("finish", execution.evolution_finish, run_id, summary)
+    return summary
+
+
+class Loop:
+    def __init__(self, ctx, plan: dict):
+        self.ctx = ctx
+        self.plan = plan
+        self.run_id = plan["run_id"]
+        self.config = plan["config"]
+        self.base = plan["base_version_id"]
+        self.items = plan["items"]
+        self.started = datetime.fromisoformat(plan["started_at"])
+        self.scores: dict[int, dict] = {}  # full-set measurements by version
+        self.totals = {"evaluations": 0, "rollouts": 0, "cache_hits": 0, "usd": Decimal(0)}
+        self.best_history: list[float] = []
+        self.made: dict[int, dict] = {}  # version -> how it was made (kind, note, parents)
+
+    # -- scoring
+
+    def evaluate(self, label: str, version_ids: list[int], items: list[int] | None = None) -> dict[int, dict]:
+        """Score versions on the full set (each once per run) or on `items` (a minibatch)."""
+        wanted = list(dict.fromkeys(version_ids))
+        todo = wanted if items is not None else [v for v in wanted if v not in self.scores]
+        measured: dict[int, dict] = {}
+        if todo:
+            created = self.ctx.transaction(f"evals:{label}", execution.eval_runs_create, self.run_id, todo, items)
+            children = [Child(EVAL_WORKFLOW, {"eval_run_id": eval_run}, name=f"eval:{label}:{version}")
+                        for version, eval_run in created.items() if isinstance(eval_run, int)]
+            self.ctx.all(children, return_exceptions=True)
+            for version, record in self.ctx.step(f"scores:{label}", execution.eval_scores, created).items():
+                measured[int(version)] = record
+                self.totals["rollouts"] += record["rollouts"]
+                self.totals["cache_hits"] += record["cache_hits"]
+                self.totals["usd"] += Decimal(record["usd"])
+                if items is None:
+                    self.scores[int(version)] = record
+                    self.totals["evaluations"] += 1
+        if items is not None:
+            return measured
+        return {v: self.scores[v] for v in wanted}
+
+    def fitness(self, version: int) -> float:
+        return self.scores[version]["fitness"]
+
+    def rank(self, versions) -> list[int]:
+        return sorted(dict.fromkeys(versions), key=lambda v: (-self.fitness(v), v))
+
+    def best(self) -> int:
+        return self.rank(self.scores)[0]
+
+    # -- control
+
+    def boundary(self, label: str) -> None:
+        """Where an operator's pause takes effect: wait for `resume`."""
+        if self.ctx.step(f"pause:{label}", execution.pause_point, self.run_id, label):
+            self.ctx.wait_for_signal(f"resume:{label}")
+
+    def stop_reason(self) -> str:
+        c = self.config
+        if self.totals["usd"] > 0 and self.totals["usd"] >= Decimal(str(c["usd_budget"])):
+            return f"USD budget reached (${self.totals['usd']:.4f} of ${c['usd_budget']})"
+        if self.totals["evaluations"] >= c["max_evaluations"]:
+            return f"evaluation cap reached ({self.totals['evaluations']})"
+        elapsed = (self.ctx.now() - self.started).total_seconds()
+        if elapsed >= c["time_limit_seconds"]:
+            return f"time limit reached ({elapsed:.0f} s)"
+        window, history = c["convergence_generations"], self.best_history
+        if len(history) > window and all(history[-i] - history[-i - 1] < c["convergence_epsilon"]
+                                         for i in range(1, window + 1)):
+            return f"converged (best fitness gained less than {c['convergence_epsilon']} in {window} generations)"
+        return ""
+
+    def record(self, number: int, members: list[int], survivors: set[int], started: datetime) -> None:
+        fitnesses = [self.fitness(v) for v in members if v in self.scores]
+        best = self.best()
+        previous = self.best_history[-1] if self.best_history else None
+        self.best_history.append(self.fitness(best))
+        elapsed_hours = max((self.ctx.now() - self.started).total_seconds() / 3600, 1e-9)
+        stats = {
+            "best": max(fitnesses) if fitnesses else None, "avg": statistics.fmean(fitnesses) if fitnesses else None,
+            "worst": min(fitnesses) if fitnesses else None,
+            "stddev": statistics.pstdev(fitnesses) if len(fitnesses) > 1 else 0.0,
+            "best_version_id": max(members, key=lambda v: (self.fitness(v), -v)) if fitnesses else None,
+            "members": len(members), "improvement": None if previous is None else self.fitness(best) - previous,
+            "run_best_version_id": best, "run_best_fitness": self.fitness(best),
+            "base_fitness": self.scores[self.base]["fitness"] if self.base in self.scores else None,
+            "run_evaluations": self.totals["evaluations"], "run_rollouts": self.totals["rollouts"],
+            "run_cache_hits": self.totals["cache_hits"], "run_usd": f"{self.totals['usd']:f}",
+            "evaluations_per_hour": round(self.totals["evaluations"] / elapsed_hours, 2),
+        }
+        rows = []
+        for version in members:
+            measured, made = self.scores.get(version, {}), self.made.get(version, {})
+            rows.append({"version_id": version, "fitness": measured.get("fitness"),
+                         "avg_score": measured.get("avg_score"), "eval_run": measured.get("eval_run"),
+                         "kind": made.get("kind", ""), "note": made.get("note", ""),
+                         "survived": version in survivors})
+        self.ctx.step(f"generation:{number}", execution.record_generation, self.run_id, number, rows, stats,
+                      started.isoformat())
+
+    def summary(self, reason: str) -> dict:
+        best = self.best()
+        return {"stop_reason": reason, "best_version_id": best, "best_fitness": self.fitness(best),
+                "base_fitness": self.scores[self.base]["fitness"], "generations": len(self.best_history),
+                "evaluations": self.totals["evaluations"], "rollouts": self.totals["rollouts"],
+                "cache_hits": self.totals["cache_hits"], "usd": f"{self.totals['usd']:f}"}
+
+
+class GeneticProgramming(Loop):
+    def run(self) -> dict:
+        c = self.config
+        started = self.ctx.now()
+        members = self.ctx.step("population", execution.initial_population, self.run_id)
+        self.made.update({m["version_id"]: m for m in members})
+        population = [m["version_id"] for m in members]
+        self.evaluate("g0", population)
+        population = self.rank(population)[:c["population"]]
+        self.record(0, population, set(population), started)
+        reason = ""
+        for number in range(1, c["generations"]):
+            reason = self.stop_reason()
+            if reason:
+                break
+            self.boundary(f"g{number}")
+            started = self.ctx.now()
+            parents = self.select(population, number)
+            offspring = self.ctx.step(f"breed:{number}", execution.breed, self.run_id, number,
+                                      [{"version_id": v, "eval_run": self.scores[v]["eval_run"]} for v in parents],
+                                      c["population"])
+            for child in offspring:
+                self.made.setdefault(child["version_id"], child)
+            new = [child["version_id"] for child in offspring]
+            self.evaluate(f"g{number}", new)
+            pool = list(dict.fromkeys(population + new))
+            population = self.rank(pool)[:c["population"]]
+            self.record(number, pool, set(population), started)
+        return self.summary(reason or f"{len(self.best_history)} generations done")
+
+    def select(self, ranked: list[int], number: int) -> list[int]:
+        """The elites, then tournament winners until half the population (REFERENCE.md)."""
+        c = self.config
+        rng = execution.generator(c["seed"], "select", number)
+        parents = list(ranked[:c["elites"]])
+        while len(parents) < max(2, c["population"] // 2):
+            contenders = rng.sample(ranked, min(c["tournament"], len(ranked)))
+            parents.append(min(contenders, key=lambda v: (-self.fitness(v), v)))
+        return parents
+
+
+class Reflective(Loop):
+    def run(self) -> dict:
+        c = self.config
+        iterative = self.plan["mode"] == "iterative"
+        started = self.ctx.now()
+        self.evaluate("base", [self.base])
+        self.made[self.base] = {"kind": "base", "note": "the base version"}
+        candidates = [self.base]
+        self.record(0, [self.base], {self.base}, started)
+        block, block_start, reason = [], self.ctx.now(), ""
+        iterations = c["generations"] * c["population"]
+        for iteration in range(1, iterations + 1):
+            reason = self.stop_reason()
+            if reason:
+                break
+            if (iteration - 1) % c["population"] == 0:
+                self.boundary(f"i{iteration}")
+            parent, merge_with = self.pick(candidates, iteration, allow_merge=not iterative)
+            child = self.ctx.step(f"reflect:{iteration}", execution.reflect, self.run_id, iteration,
+                                  {"version_id": parent, "eval_run": self.scores[parent]["eval_run"]},
+                                  None if merge_with is None else
+                                  {"version_id": merge_with, "eval_run": self.scores[merge_with]["eval_run"]})
+            if child is not None and child["version_id"] not in self.scores:
+                version = child["version_id"]
+                self.made[version] = child
+                accepted = self.try_child(version, parent, iteration, iterative)
+                block.append(version)
+                if accepted:
+                    candidates = [version] if iterative else [*candidates, version]
+            if iteration % c["population"] == 0 or iteration == iterations:
+                members = [v for v in block if v in self.scores] or [self.best()]
+                self.record(len(self.best_history), members, set(candidates), block_start)
+                block, block_start = [], self.ctx.now()
+        return self.summary(reason or f"{iterations} proposals made")
+
+    def try_child(self, child: int, parent: int, iteration: int, iterative: bool) -> bool:
+        """Minibatch first; the full set only when the child beats its parent there."""
+        rng = execution.generator(self.config["seed"], "minibatch", iteration)
+        items = sorted(rng.sample(self.items, min(self.config["minibatch"], len(self.items))))
+        quick = self.evaluate(f"mb{iteration}", [child], items=items).get(child, {})
+        parent_scores = self.scores[parent]["scores"]
+        before = [parent_scores.get(str(item)) or 0.0 for item in items]
+        after = [(quick.get("scores") or {}).get(str(item)) or 0.0 for item in items]
+        if sum(after) <= sum(before):
+            return False
+        self.evaluate(f"full{iteration}", [child])
+        if not iterative:
+            return True
+        from evals.stats import paired_comparison
+
+        mine, theirs = self.scores[child]["scores"], parent_scores
+        paired = [item for item in map(str, self.items) if mine.get(item) is not None and theirs.get(item) is not None]
+        # kept only when significantly better (with fewer than 6 items Wilcoxon never is at alpha 0.05)
+        return paired_comparison([theirs[i] for i in paired], [mine[i] for i in paired]).verdict == "better"
+
+    def pick(self, candidates: list[int], iteration: int, *, allow_merge: bool) -> tuple[int, int | None]:
+        """A parent from the Pareto frontier, weighted by the items it leads on; sometimes a second
+        frontier version leading on other items to merge with."""
+        rng = execution.generator(self.config["seed"], "pick", iteration)
+        leads: dict[int, set[str]] = {v: set() for v in candidates}
+        for item in map(str, self.items):
+            scores = {v: self.scores[v]["scores"].get(item) or 0.0 for v in candidates}
+            top = max(scores.values())
+            for version, score in scores.items():
+                if score == top:
+                    leads[version].add(item)
+        frontier = sorted((v for v in candidates if leads[v]), key=lambda v: (-len(leads[v]), v)) or [self.best()]
+        parent = rng.choices(frontier, weights=[max(1, len(leads[v])) for v in frontier])[0]
+        if allow_merge and len(frontier) > 1 and rng.random() < MERGE_PROBABILITY:
+            others = [v for v in frontier if v != parent and leads[v] - leads[parent]]
+            if others:
+                return parent, rng.choice(others)
+        return parent, None

@@ -1,0 +1,301 @@
+"""The writes of an evolution run, each called as one durable step (or ``ctx.transaction``) by
+evolution/durable_workflows.py. Breeding is deterministic: its generator is seeded from the run's
+seed and the generation, and versions are content-addressed, so a step that runs again after a
+crash writes nothing new and returns the same offspring.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from django.db import transaction
+from django.db.models import Sum
+
+from evals.models import EvalRun, GoldenItem, GoldenResult
+from evolution.models import EvolutionRun, Generation, Individual
+from workflows.models import WorkflowInvocation, WorkflowVersion
+from workspaces.models import Workspace
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def generator(seed: int, *labels) -> random.Random:
+    """The run's generator for one decision (the seed and the labels name it): the same in every replay."""
+    return random.Random(":".join(str(part) for part in (seed, *labels)))
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+def evolution_begin(run_id: int, namespace: str, durable_run_id: str) -> dict:
+    with transaction.atomic():
+        run = EvolutionRun.objects.select_for_update().filter(pk=run_id).first()
+        if run is None or Workspace.namespace_of(run.workspace_id) != namespace:
+            return {"refused": f"evolution run {run_id} does not belong to this run's workspace"}
+        if run.durable_run_id not in (None, durable_run_id):
+            return {"refused": f"evolution run {run_id} is driven by run {run.durable_run_id}"}
+        if run.status in EvolutionRun.TERMINAL:
+            return {"ended": run.status}
+        if run.status == EvolutionRun.Status.QUEUED:
+            run.status = EvolutionRun.Status.RUNNING
+        run.started_at = run.started_at or now()
+        run.durable_run_id = durable_run_id
+        run.save(update_fields=["status", "started_at", "durable_run", "updated_at"])
+    items = list(GoldenItem.objects.filter(golden_set_id=run.golden_set_id).order_by("position", "id")
+                 .values_list("pk", flat=True))
+    return {"run_id": run.pk, "mode": run.mode, "config": run.config, "base_version_id": run.base_version_id,
+            "golden_set_id": run.golden_set_id, "items": items, "goal": run.goal_text,
+            "started_at": run.started_at.isoformat()}
+
+
+def evolution_finish(run_id: int, summary: dict) -> None:
+    EvolutionRun.objects.filter(pk=run_id).exclude(status__in=EvolutionRun.TERMINAL).update(
+        status=EvolutionRun.Status.COMPLETED, stop_reason=summary.get("stop_reason", "")[:200],
+        best_version_id=summary.get("best_version_id"), best_fitness=summary.get("best_fitness"),
+        base_fitness=summary.get("base_fitness"), ended_at=now(), updated_at=now())
+
+
+def evolution_fail(run_id: int, error: str, status: str = EvolutionRun.Status.FAILED,
+                   namespace: str | None = None) -> None:
+    runs = EvolutionRun.objects.filter(pk=run_id)
+    if namespace is not None:
+        runs = runs.filter(workspace_id=Workspace.id_of_namespace(namespace))
+    runs.exclude(status__in=EvolutionRun.TERMINAL).update(status=status, error=error[:5000], ended_at=now(),
+                                                          updated_at=now())
+
+
+def pause_point(run_id: int, boundary: str) -> bool:
+    """Whether an operator paused the run; if so it now waits at `boundary` for `resume:<boundary>`.
+    Serialised with evolution_resume on the run's row, so a resume never falls between the check and
+    the wait."""
+    with transaction.atomic():
+        run = EvolutionRun.objects.select_for_update().get(pk=run_id)
+        if run.status != EvolutionRun.Status.PAUSED:
+            return False
+        run.paused_at = boundary
+        run.save(update_fields=["paused_at", "updated_at"])
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+
+def eval_runs_create(run_id: int, version_ids: list[int], item_ids: list[int] | None) -> dict:
+    """An eval run (results reused where the same version already answered the same item) for each
+    version, to be driven as children of the evolution run. Called in a ``ctx.transaction``.
+    Returns {version id: eval run id, or an error text when the version cannot run here}."""
+    from evals.services import EvalError, eval_run_prepare
+
+    run = EvolutionRun.objects.select_related("golden_set__workspace").get(pk=run_id)
+    out = {}
+    for version in WorkflowVersion.objects.filter(pk__in=version_ids).select_related("workflow"):
+        try:
+            eval_run = eval_run_prepare(golden_set=run.golden_set, version=version, reuse=True,
+                                        origin=EvalRun.Origin.EVOLUTION, concurrency=run.config.get("concurrency"),
+                                        item_ids=item_ids, user=run.created_by)
+        except EvalError as exc:
+            out[str(version.pk)] = str(exc)
+            continue
+        out[str(version.pk)] = eval_run.pk
+    return out
+
+
+def eval_scores(created: dict) -> dict:
+    """What each version's eval run measured: fitness, average score, per-item scores, and what it
+    cost (item invocations run now, cache hits, USD paid)."""
+    out = {}
+    for version_id, eval_run_id in created.items():
+        if not isinstance(eval_run_id, int):
+            out[version_id] = {"fitness": 0.0, "avg_score": 0.0, "scores": {}, "rollouts": 0, "cache_hits": 0,
+                               "usd": "0", "eval_run": None, "error": eval_run_id}
+            continue
+        run = EvalRun.objects.get(pk=eval_run_id)
+        results = GoldenResult.objects.filter(eval_run=run)
+        fresh = results.filter(reused_from__isnull=True, workflow_invocation__isnull=False)
+        hits = WorkflowInvocation.objects.filter(pk__in=fresh.values("workflow_invocation")) \
+            .aggregate(hits=Sum("cache_hits"))["hits"] or 0
+        out[version_id] = {
+            "fitness": run.fitness if run.fitness is not None else 0.0,
+            "avg_score": run.avg_score if run.avg_score is not None else 0.0,
+            "scores": {str(item): score for item, score in results.values_list("golden_item_id", "score")},
+            "rollouts": fresh.count(), "cache_hits": hits, "usd": f"{run.paid_usd + run.judge_usd:f}",
+            "eval_run": run.pk, "error": run.error if run.status != EvalRun.Status.COMPLETED else "",
+        }
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- breeding
+
+def _material(run: EvolutionRun):
+    from evolution.operators import Material
+
+    return Material(goal=run.goal_text)
+
+
+def _iterative_for(run: EvolutionRun, eval_run_id: int | None):
+    """The judge-guided rewrite of the evals app, bound to the parent's failures."""
+    if not eval_run_id:
+        return None
+    from evals.rewriter import offline_proposal, target_node, worst_failures
+
+    eval_run = EvalRun.objects.filter(pk=eval_run_id).select_related("workflow_version").first()
+    if eval_run is None:
+        return None
+    failures = worst_failures(eval_run)
+
+    def rewrite(dsl: dict):
+        if not failures:
+            return None
+        version = eval_run.workflow_version
+        proposal = offline_proposal(version, target_node(version, failures), failures)
+        if proposal.skipped or proposal.dsl is None:
+            return None
+        return proposal.dsl, "; ".join(proposal.changelog)
+
+    return rewrite
+
+
+def _write(run: EvolutionRun, offspring, parents: list[WorkflowVersion], generation: int) -> dict:
+    from workflows.services import workflow_version_create
+
+    version, created = workflow_version_create(
+        workflow=run.workflow, dsl=offspring.dsl, operation=offspring.operation, parents=tuple(parents),
+        commit_message=f"evolution {run.pk}, generation {generation}: {offspring.kind}: {offspring.note}"[:2000],
+        generation=generation, created_by=run.created_by)
+    return {"version_id": version.pk, "kind": offspring.kind, "note": offspring.note, "created": created,
+            "parents": [p.pk for p in parents]}
+
+
+def initial_population(run_id: int) -> list[dict]:
+    """Generation 0: the base, then mutants of the base and immigrants (REFERENCE.md), deduplicated by
+    content; at most `population` distinct versions."""
+    from evolution import operators
+
+    run = EvolutionRun.objects.select_related("workflow", "base_version").get(pk=run_id)
+    config, base = run.config, run.base_version
+    rng = generator(config["seed"], "initial")
+    members = [{"version_id": base.pk, "kind": "base", "note": "the base version", "created": False, "parents": []}]
+    seen = {base.dsl_hash}
+    immigrants = round((config["population"] - 1) * config["initial_immigrants"])
+    attempts = 0
+    while len(members) < config["population"] and attempts < config["population"] * 6:
+        attempts += 1
+        if len(members) - 1 < config["population"] - 1 - immigrants:
+            child = operators.mutate(base.dsl, rng, material=_material(run), weights=config.get("mutation_weights"))
+        else:
+            child = operators.immigrant(base.dsl, rng, material=_material(run))
+        if child is None:
+            continue
+        record = _write(run, child, [base] if child.operation != "immigrant" else [], 0)
+        version = WorkflowVersion.objects.get(pk=record["version_id"])
+        if version.dsl_hash in seen:
+            continue
+        seen.add(version.dsl_hash)
+        members.append(record)
+    return members
+
+
+def breed(run_id: int, generation: int, parents: list[dict], count: int) -> list[dict]:
+    """`count` offspring of the selected parents ({"version_id", "eval_run"}), REFERENCE.md's draw per
+    child: below the crossover rate a crossover of two parents, below crossover + mutation a mutation,
+    else an immigrant; an offspring identical to an existing version is that version."""
+    from evolution import operators
+
+    run = EvolutionRun.objects.select_related("workflow", "base_version").get(pk=run_id)
+    config = run.config
+    rng = generator(config["seed"], "breed", generation)
+    versions = WorkflowVersion.objects.in_bulk([p["version_id"] for p in parents])
+    pool = [(versions[p["version_id"]], p.get("eval_run")) for p in parents if p["version_id"] in versions]
+    out, attempts = [], 0
+    while len(out) < count and attempts < count * 6 and pool:
+        attempts += 1
+        draw = rng.random()
+        if draw < config["crossover_rate"] and len(pool) >= 2:
+            (a, _), (b, _) = rng.sample(pool, 2)
+            child, parents_used = operators.crossover(a.dsl, b.dsl, rng), [a, b]
+        elif draw < config["crossover_rate"] + config["mutation_rate"] or len(pool) < 2:
+            parent, eval_run_id = pool[rng.randrange(len(pool))]
+            child = operators.mutate(parent.dsl, rng, material=_material(run), weights=config.get("mutation_weights"),
+                                     iterative=_iterative_for(run, eval_run_id))
+            parents_used = [parent]
+        else:
+            child, parents_used = operators.immigrant(run.base_version.dsl, rng, material=_material(run)), []
+        if child is None:
+            continue
+        out.append(_write(run, child, parents_used, generation))
+    return out
+
+
+def reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None) -> dict | None:
+    """Reflective mode's offspring of a frontier version: with `merge_with` a crossover of the two (they
+    improved different items); otherwise the evals rewriter reading the parent's failing items (their
+    invocations, messages and grader rationales), falling back to a prompt mutation when it has nothing
+    new. None when nothing new comes out."""
+    from evals.rewriter import propose
+    from evolution import operators
+
+    run = EvolutionRun.objects.select_related("workflow").get(pk=run_id)
+    rng = generator(run.config["seed"], "reflect", iteration)
+    versions = WorkflowVersion.objects.in_bulk([parent["version_id"]] + ([merge_with["version_id"]]
+                                                                         if merge_with else []))
+    mother = versions[parent["version_id"]]
+    if merge_with is not None:
+        father = versions[merge_with["version_id"]]
+        child = operators.crossover(mother.dsl, father.dsl, rng)
+        if child is not None:
+            return _write(run, child, [mother, father], iteration)
+    eval_run = EvalRun.objects.filter(pk=parent.get("eval_run")).first()
+    if eval_run is not None:
+        proposal = propose(eval_run=eval_run, user=run.created_by, create=False)
+        if not proposal.skipped and proposal.dsl is not None:
+            offspring = operators.Offspring(dsl=proposal.dsl, operation="mutation", kind="iterative",
+                                            note="; ".join(proposal.changelog))
+            record = _write(run, offspring, [mother], iteration)
+            if record["created"]:
+                return record
+    for _ in range(6):
+        child = operators.mutate(mother.dsl, rng, material=_material(run), kind="prompt")
+        if child is not None:
+            record = _write(run, child, [mother], iteration)
+            if record["created"]:
+                return record
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+def record_generation(run_id: int, number: int, members: list[dict], stats: dict, started_at: str) -> None:
+    """The generation, its individuals (fitness, how each was made, whether it survived) and the run's
+    running totals. Idempotent."""
+    with transaction.atomic():
+        generation, _ = Generation.objects.update_or_create(
+            evolution_run_id=run_id, number=number,
+            defaults={"best_workflow_version_id": stats.get("best_version_id"), "stats": stats,
+                      "started_at": datetime.fromisoformat(started_at), "ended_at": now()})
+        for member in members:
+            Individual.objects.update_or_create(
+                generation=generation, workflow_version_id=member["version_id"],
+                defaults={"evolution_run_id": run_id, "eval_run_id": member.get("eval_run"),
+                          "kind": member.get("kind", "")[:30], "note": member.get("note", "")[:2000],
+                          "fitness": member.get("fitness"), "avg_score": member.get("avg_score"),
+                          "survived": bool(member.get("survived"))})
+        EvolutionRun.objects.filter(pk=run_id).update(
+            generations_done=number + 1, best_version_id=stats.get("run_best_version_id"),
+            best_fitness=stats.get("run_best_fitness"), base_fitness=stats.get("base_fitness"),
+            evaluations=stats.get("run_evaluations", 0), rollouts=stats.get("run_rollouts", 0),
+            cache_hits=stats.get("run_cache_hits", 0), usd_cost=Decimal(str(stats.get("run_usd", "0"))),
+            updated_at=now())
+
+
+def evolution_runs_reconcile(*, limit: int = 200) -> int:
+    """End the evolution runs whose durable run ended without them (cancelled from the durable admin,
+    declared dead, or deleted). Returns how many."""
+    from durable.selectors import runs_ended_without_owner
+
+    active = EvolutionRun.objects.exclude(status__in=EvolutionRun.TERMINAL).exclude(durable_run_id=None)
+    ended = runs_ended_without_owner(active.values_list("pk", "durable_run_id")[:limit])
+    for pk, state, reason in ended:
+        evolution_fail(pk, reason, status=state)
+    return len(ended)
