@@ -22,7 +22,8 @@ def evolution_start(*, workflow: Workflow, golden_set: GoldenSet, mode: str = Ev
                     base_version: WorkflowVersion | None = None, config: dict | None = None, goal: str = "",
                     user=None) -> EvolutionRun:
     """Start evolving `workflow` against `golden_set` (a durable run). The base is `base_version`, else
-    the active version, else the newest. EvolutionError names each field at fault."""
+    the active version, else the newest version an evolution did not breed. EvolutionError names each
+    field at fault."""
     from durable.services import run_start
     from evolution.durable_workflows import EVOLVE_WORKFLOW
     from workflows.services import version_problems
@@ -34,9 +35,11 @@ def evolution_start(*, workflow: Workflow, golden_set: GoldenSet, mode: str = Ev
         errors["golden_set"] = ["belongs to another workspace"]
     elif not golden_set.items.exists():
         errors["golden_set"] = ["has no items"]
-    if base_version is None:
-        base_version = (WorkflowVersion.objects.filter(workflow=workflow, status=WorkflowVersion.Status.ACTIVE).first()
-                        or WorkflowVersion.objects.filter(workflow=workflow).order_by("-created_at", "-pk").first())
+    if base_version is None:  # the active version, else the newest one not bred by an evolution
+        versions = WorkflowVersion.objects.filter(workflow=workflow)
+        base_version = (versions.filter(status=WorkflowVersion.Status.ACTIVE).first()
+                        or versions.filter(generation__isnull=True).order_by("-created_at", "-pk").first()
+                        or versions.order_by("-created_at", "-pk").first())
     if base_version is None:
         errors["workflow"] = ["has no version to evolve"]
     elif base_version.workflow_id != workflow.pk:

@@ -1,0 +1,144 @@
+"""Evolution runs driven in-process with the offline model: GP, reflective and iterative modes,
+determinism, stop rules, pause and resume, cancel."""
+
+import pytest
+
+from durable.inprocess import run_until_settled
+from evolution.models import EvolutionRun, Generation, Individual
+from evolution.services import EvolutionError, evolution_cancel, evolution_pause, evolution_resume, evolution_start
+from workflows.dsl import parse
+from workflows.models import WorkflowVersion
+
+pytestmark = pytest.mark.django_db
+
+SMALL = {"population": 4, "generations": 3, "seed": 7}
+
+
+def members(run) -> list[list[tuple[int, float]]]:
+    return [[(i.workflow_version_id, i.fitness) for i in g.individuals.order_by("workflow_version_id")]
+            for g in Generation.objects.filter(evolution_run=run).order_by("number")]
+
+
+def test_an_offline_gp_run_finds_a_fitter_version_than_its_base(facts, support_set, support_base, evolve):
+    run = evolve(support_base.workflow, support_set, config=SMALL)
+    assert run.status == "completed", run.error
+    generations = list(Generation.objects.filter(evolution_run=run).order_by("number"))
+    assert [g.number for g in generations] == [0, 1, 2] and run.generations_done == 3
+    assert all(g.stats["best"] >= g.stats["avg"] >= g.stats["worst"] for g in generations)
+    assert run.best_fitness > run.base_fitness and run.lift > 0.1
+    best = run.best_version
+    assert best.operation in ("mutation", "crossover", "immigrant") and best.generation is not None
+    parse(best.dsl)  # every kept version is a valid workflow
+    assert run.evaluations == Individual.objects.filter(evolution_run=run).values("workflow_version").distinct() \
+        .count()
+    assert run.rollouts > 0 and run.stop_reason == "3 generations done"
+    # each generation keeps `population` survivors, ranked with their parents
+    assert all(g.individuals.filter(survived=True).count() <= 4 for g in generations)
+
+
+def test_the_same_seed_makes_the_same_run_and_pays_nothing_the_second_time(facts, support_set, support_base, evolve):
+    first = evolve(support_base.workflow, support_set, config=SMALL)
+    second = evolve(support_base.workflow, support_set, config=SMALL)
+    assert members(first) == members(second)
+    assert second.best_version == first.best_version and second.best_fitness == first.best_fitness
+    assert second.rollouts == 0  # every individual's results were reused: a genome is never paid twice
+    other = evolve(support_base.workflow, support_set, config={**SMALL, "seed": 8})
+    assert members(other) != members(first)
+
+
+@pytest.mark.parametrize("config, reason", [
+    ({"max_evaluations": 2}, "evaluation cap reached"),
+    ({"convergence_generations": 1, "convergence_epsilon": 100.0, "generations": 5}, "converged"),
+])
+def test_stop_rules(facts, support_set, support_base, evolve, config, reason):
+    run = evolve(support_base.workflow, support_set, config={**SMALL, **config})
+    assert run.status == "completed" and run.stop_reason.startswith(reason), run.stop_reason
+    assert run.generations_done < 5
+
+
+def test_the_usd_budget_and_the_time_limit_stop_a_run(facts, support_set, support_base, evolve, settings):
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 1000}}
+    run = evolve(support_base.workflow, support_set, config={**SMALL, "usd_budget": 0.0001})
+    assert run.stop_reason.startswith("USD budget reached") and run.generations_done == 1
+    settings.LLM_PRICES = {}
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    late = evolution_start(workflow=support_base.workflow, golden_set=support_set, config={**SMALL, "seed": 3,
+                                                                                            "time_limit_seconds": 60})
+    EvolutionRun.objects.filter(pk=late.pk).update(started_at=timezone.now() - timedelta(hours=1))
+    run_until_settled(late.durable_run_id, max_wait=120)
+    late.refresh_from_db()
+    assert late.stop_reason.startswith("time limit reached") and late.generations_done == 1
+
+
+def test_pause_takes_effect_at_the_next_generation_and_resume_goes_on(facts, support_set, support_base):
+    run = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
+    evolution_pause(run=run)
+    run_until_settled(run.durable_run_id, max_wait=120)
+    run.refresh_from_db()
+    assert run.status == "paused" and run.paused_at == "g1" and run.generations_done == 1
+    with pytest.raises(EvolutionError):
+        evolution_pause(run=run)
+    evolution_resume(run=run)
+    run_until_settled(run.durable_run_id, max_wait=120)
+    run.refresh_from_db()
+    assert run.status == "completed" and run.generations_done == 3 and run.paused_at == ""
+
+
+def test_a_resume_before_the_boundary_is_not_kept_for_a_later_pause(facts, support_set, support_base):
+    run = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
+    evolution_pause(run=run)
+    evolution_resume(run=run)  # before the run reached a boundary: nothing to signal
+    run_until_settled(run.durable_run_id, max_wait=120)
+    run.refresh_from_db()
+    assert run.status == "completed"
+
+
+def test_cancel_ends_the_run_and_its_eval_runs(facts, support_set, support_base):
+    from evals.execution import eval_runs_reconcile
+    from evals.models import EvalRun
+
+    run = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
+    evolution_pause(run=run)
+    run_until_settled(run.durable_run_id, max_wait=120)
+    assert evolution_cancel(run=run) and run.status == "cancelled"
+    eval_runs_reconcile()
+    assert not EvalRun.objects.exclude(status__in=EvalRun.TERMINAL).exists()
+    assert evolution_cancel(run=run) is False
+
+
+@pytest.mark.parametrize("mode", ["reflective", "iterative"])
+def test_reflective_and_iterative_runs_improve_with_minibatches_first(facts, support_set, support_base, evolve,
+                                                                      mode):
+    run = evolve(support_base.workflow, support_set, mode=mode, config={"population": 3, "generations": 2,
+                                                                        "seed": 1, "minibatch": 2})
+    assert run.status == "completed", run.error
+    assert run.best_fitness > run.base_fitness
+    kinds = set(Individual.objects.filter(evolution_run=run).values_list("kind", flat=True))
+    assert "base" in kinds and kinds & {"iterative", "prompt", "crossover"}
+    # a minibatch eval run scores only its items
+    from evals.models import EvalRun
+
+    minibatches = EvalRun.objects.filter(origin="evolution").exclude(config__item_ids=None)
+    assert minibatches.exists() and all(len(r.config["item_ids"]) == 2 for r in minibatches)
+
+
+def test_an_evolution_is_refused_with_reasons(support_set, support_base, workspace, other_workspace, make_version):
+    from evals.services import golden_set_create
+    from tests.workflows.conftest import graph, node
+
+    with pytest.raises(EvolutionError) as refused:
+        evolution_start(workflow=support_base.workflow, golden_set=support_set, mode="magic",
+                        config={"population": 1, "nonsense": 3, "crossover_rate": 0.9, "mutation_rate": 0.5})
+    assert {"mode", "config.population", "config.nonsense", "config.mutation_rate"} <= refused.value.errors.keys()
+    foreign = golden_set_create(workspace=other_workspace, name="foreign", graders=[{"kind": "exact"}])
+    with pytest.raises(EvolutionError) as refused:
+        evolution_start(workflow=support_base.workflow, golden_set=foreign)
+    assert "golden_set" in refused.value.errors
+    lacking = make_version(graph("a", node("a", tools=["tavily"])), name="lacking")
+    with pytest.raises(EvolutionError) as refused:
+        evolution_start(workflow=lacking.workflow, golden_set=support_set)
+    assert "base_version.tools" in refused.value.errors
+    assert not EvolutionRun.objects.exists() and WorkflowVersion.objects.filter(generation__isnull=False).count() == 0
