@@ -1,0 +1,1280 @@
+"""Evals in the admin, scoped to the staff user's workspaces (superusers see every workspace).
+
+- Golden sets: editable, with their items inline (input, rubric, tags and metadata as JSON, checked by
+  `services.item_errors`; graders checked by `graders.validate_graders`, an error naming the entry and
+  option). The change page starts an eval run of a version of the set's workflow, lists the set's
+  recent runs, and links to the item import page (JSON Lines or CSV, all or nothing, each bad line
+  named) and to the compare page.
+- Compare (a golden set's `compare/?a=<version>&b=<version>`): the paired comparison of two versions'
+  latest completed runs on the set (`services.compare_versions`): per-item scores side by side, a
+  slope chart (evals/charts.py), the mean difference, its 95% interval, the p-value and the verdict,
+  critical regressions highlighted; Promote b and Rollback buttons, each shown only when its guard
+  holds, POST to views calling `services.version_promote` / `services.version_rollback`.
+- Eval runs: read-only. The change page shows the configuration and aggregates, a score histogram
+  (server-rendered SVG), every item's result, a link to the durable run, a Cancel button while the
+  run is active and a Propose rewrite button (`rewriter.propose`) once it completed.
+- Golden results (append-only) and promotions (history): read-only, payloads as pretty JSON.
+
+Every POST view refuses GET (405), is CSRF-protected (`admin_view`), treats another workspace's
+object as a missing one (as the change page does), and needs the model's change permission: the
+golden set's for run, import, promote and rollback; the eval run's for cancel and propose (the eval
+run admin itself stays read-only).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import PurePosixPath
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import Count, IntegerField, Max, OuterRef, Q, Subquery
+from django.db.models.fields.json import KT
+from django.db.models.functions import Coalesce
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from config.admin import EstimatedCountPaginator, ReadOnlyAdmin
+from durable.admin import pretty_json
+from evals import charts, rewriter
+from evals.graders import GraderConfigError, validate_graders
+from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
+from evals.selectors import score_histogram
+from evals.services import (
+    EvalError,
+    PromotionRefused,
+    compare_versions,
+    eval_run_cancel,
+    eval_run_start,
+    golden_item_add,
+    item_errors,
+    version_promote,
+    version_rollback,
+)
+from workflows.admin import (
+    WorkspaceFilter,
+    clipped,
+    durable_run_link,
+    excerpt,
+    full_object,
+    json_html,
+    per_request,
+    seconds_text,
+    status_badge,
+    usd,
+)
+from workflows.execution import input_text
+from workflows.models import Workflow, WorkflowVersion
+from workspaces.admin_scope import WorkspaceScopedAdmin, workspaces_for
+
+RESULT_LIMIT = 1000  # results shown on an eval run's page; the golden results list pages through the rest
+RECENT_RUNS = 10  # runs listed on a golden set's page
+VERSION_CHOICES = 200  # versions offered to run or compare
+LONG_TEXT = 300  # longer expected and actual outputs start collapsed in the results table
+EXCERPT = 120  # inputs and rationales longer than an excerpt start collapsed
+VERSION_BIG_COLUMNS = ("dsl", "input_schema", "output_schema", "unresolved_tools")
+
+
+def _slim_version(prefix: str = "") -> list[str]:
+    return [f"{prefix}{column}" for column in VERSION_BIG_COLUMNS]
+
+
+def admin_link(model: str, pk, label):
+    """A link to an admin change page (`model` is "app_model"); "-" without a pk."""
+    if pk is None:
+        return "-"
+    return format_html('<a href="{}">{}</a>', reverse(f"admin:{model}_change", args=[quote(pk)]), label)
+
+
+def version_label(version: WorkflowVersion | None) -> str:
+    return version.dsl_hash[:12] if version is not None else "-"
+
+
+def score_text(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def percent_text(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.0f}%"
+
+
+def item_text(value) -> str:
+    """An item input in full: a string as is, anything else as pretty JSON (its excerpt is the text the
+    workflow reads, `input_text`)."""
+    if isinstance(value, str):
+        return value
+    return pretty_json(value)
+
+
+def graders_summary(graders) -> str:
+    """"contains (weight 2) + token_f1": each grader's kind and, when it is not 1, its weight."""
+    if not isinstance(graders, list) or not graders:
+        return "-"
+    parts = []
+    for entry in graders:
+        if not isinstance(entry, dict):
+            parts.append("?")
+            continue
+        kind, weight = str(entry.get("kind", "?")), entry.get("weight", 1)
+        plain = weight in (1, 1.0, None) or not isinstance(weight, int | float)
+        parts.append(kind if plain else f"{kind} (weight {weight:g})")
+    return " + ".join(parts)
+
+
+def json_problem(value) -> str | None:
+    """What Postgres refuses in a JSON value: NUL characters (in a string or a key) and NaN or infinite
+    numbers (which Python's json reads)."""
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, str) and "\x00" in current:
+            return "must not contain NUL characters"
+        if isinstance(current, float) and not math.isfinite(current):
+            return "numbers must be finite (no NaN or Infinity)"
+        if isinstance(current, dict):
+            stack.extend(current.keys())
+            stack.extend(current.values())
+        elif isinstance(current, list):
+            stack.extend(current)
+    return None
+
+
+def _errors_text(errors: dict[str, list[str]]) -> str:
+    return "; ".join(f"{field}: {message}" for field, problems in errors.items() for message in problems)
+
+
+# ---------------------------------------------------------------------------------------- golden sets
+
+class PrettyJSONField(forms.JSONField):
+    """JSON shown indented (a grader configuration reads better one option a line)."""
+
+    def prepare_value(self, value):
+        if isinstance(value, forms.fields.InvalidJSONInput):
+            return value
+        return json.dumps(value, ensure_ascii=False, indent=2, cls=self.encoder)
+
+
+class InputJSONField(forms.JSONField):
+    """An item input: a new item's empty input shows as an empty box, not "null" (an input is required)."""
+
+    def prepare_value(self, value):
+        return "" if value is None else super().prepare_value(value)
+
+
+class GoldenSetForm(forms.ModelForm):
+    class Meta:
+        model = GoldenSet
+        fields = ("workspace", "name", "workflow", "description", "pass_threshold", "graders")
+        field_classes = {"graders": PrettyJSONField}
+        widgets = {"graders": forms.Textarea(attrs={"rows": 8, "cols": 90, "class": "ev-json-input"}),
+                   "description": forms.Textarea(attrs={"rows": 2, "cols": 90})}
+        help_texts = {"graders": 'A JSON list of 1 to 10 graders, e.g. [{"kind": "contains", "weight": 2}, '
+                                 '{"kind": "token_f1"}]; kinds: exact, contains, regex, token_f1, json_fields, '
+                                 "numeric, json_schema, llm_judge (evals/graders.py lists their options)."}
+
+    def clean_graders(self):
+        try:
+            return validate_graders(self.cleaned_data.get("graders"))
+        except GraderConfigError as exc:
+            raise ValidationError([f"{path}: {message}" for path, problems in exc.errors.items()
+                                   for message in problems]) from None
+
+    def clean(self):
+        data = super().clean()
+        workspace = data.get("workspace")
+        workspace_id = workspace.pk if workspace is not None else self.instance.workspace_id
+        workflow = data.get("workflow")
+        if workflow is not None and workspace_id is not None and workflow.workspace_id != workspace_id:
+            self.add_error("workflow", "This workflow belongs to another workspace.")
+        name = data.get("name")
+        if name and workspace_id is not None and "workspace" not in self.fields and GoldenSet.objects.filter(
+                workspace_id=workspace_id, name=name).exclude(pk=self.instance.pk).exists():
+            # the workspace is read-only on the change page, so the form's constraint check skips it
+            self.add_error("name", "A golden set with this name exists in the workspace.")
+        return data
+
+
+class GoldenItemForm(forms.ModelForm):
+    position = forms.IntegerField(required=False, min_value=0,
+                                  help_text="Empty puts a new item last.")
+
+    class Meta:
+        model = GoldenItem
+        fields = ("position", "input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")
+        field_classes = {"input": InputJSONField}
+        widgets = {name: forms.Textarea(attrs={"rows": 3, "cols": 26 if name in ("input", "expected_output") else 16})
+                   for name in ("input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")}
+
+    EMPTY = {"rubric": list, "tags": list, "metadata": dict}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["position"].widget.attrs["style"] = "width: 4em"
+        self.fields["input"].help_text = 'JSON: {"text": "..."} or a quoted string.'
+        if self.instance._state.adding:
+            self.initial["position"] = None
+
+    def clean(self):
+        data = super().clean()
+        for name, empty in self.EMPTY.items():
+            if name in data and data[name] is None:
+                data[name] = empty()
+        for name in ("input", "rubric", "tags", "metadata"):
+            problem = json_problem(data.get(name))
+            if problem and name not in self.errors:
+                self.add_error(name, problem)
+        problems = item_errors(input=data.get("input"), expected_output=data.get("expected_output", ""),
+                               scoring_criteria=data.get("scoring_criteria", ""), rubric=data.get("rubric"),
+                               tags=data.get("tags"), metadata=data.get("metadata"))
+        for name, found in problems.items():
+            if name in self.fields and name not in self.errors:
+                self.add_error(name, found)
+        return data
+
+
+class GoldenItemFormSet(BaseInlineFormSet):
+    def clean(self):
+        super().clean()
+        doomed = [form.instance.pk for form in self.deleted_forms if form.instance.pk]
+        if doomed:
+            graded = set(GoldenResult.objects.filter(golden_item_id__in=doomed)
+                         .values_list("golden_item_id", flat=True).distinct())
+            if graded:
+                raise ValidationError(
+                    f"{len(graded)} item(s) marked for deletion have results of eval runs, which are append-only "
+                    "history; edit them instead (a changed item is run again).")
+
+
+class GoldenItemInline(admin.TabularInline):
+    model = GoldenItem
+    form = GoldenItemForm
+    formset = GoldenItemFormSet
+    fields = ("position", "input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")
+    extra = 1
+    ordering = ("position", "id")
+
+
+def offer_versions(field: forms.ModelChoiceField, versions, offered: list, label, *, blank: bool) -> None:
+    """Validate against every version of `versions` but offer only `offered` (the first VERSION_CHOICES:
+    evolution writes thousands of versions, and the select lists them from a list read once)."""
+    field.queryset = versions
+    field.choices = [("", "---------")] * blank + [(v.pk, label(v)) for v in offered]
+
+
+def run_choice_label(version: WorkflowVersion) -> str:
+    return (f"{version.dsl_hash[:12]} · {version.get_status_display()}"
+            + (f" · {excerpt(version.commit_message, 60)}" if version.commit_message else ""))
+
+
+def compare_choice_label(version: WorkflowVersion) -> str:
+    runs = version.set_runs
+    return (f"{version.dsl_hash[:12]} · {version.get_status_display()} · score {score_text(version.set_score)} "
+            f"({runs} run{'s' if runs != 1 else ''})")
+
+
+class RunForm(forms.Form):
+    version = forms.ModelChoiceField(queryset=WorkflowVersion.objects.none(), empty_label=None)
+    reuse = forms.BooleanField(required=False, initial=True, label="reuse earlier results",
+                               help_text="Results of the same version, item contents and graders are reused.")
+
+    def __init__(self, *args, versions, offered: list | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        offer_versions(self.fields["version"], versions, offered or [], run_choice_label, blank=False)
+
+
+class ImportForm(forms.Form):
+    file = forms.FileField(help_text="JSON Lines (.jsonl) or CSV (.csv), UTF-8, at most 5 MB.")
+    format = forms.ChoiceField(choices=[("auto", "from the file name"), ("jsonl", "JSON Lines"), ("csv", "CSV")],
+                               initial="auto")
+
+
+class CompareForm(forms.Form):
+    a = forms.ModelChoiceField(queryset=WorkflowVersion.objects.none(), label="version a")
+    b = forms.ModelChoiceField(queryset=WorkflowVersion.objects.none(), label="version b")
+
+    def __init__(self, *args, versions, offered: list, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in ("a", "b"):
+            offer_versions(self.fields[name], versions, offered, compare_choice_label, blank=True)
+
+    def clean(self):
+        data = super().clean()
+        if data.get("a") is not None and data.get("a") == data.get("b"):
+            raise ValidationError("Choose two different versions.")
+        return data
+
+
+# the item import: JSON Lines or CSV, every line checked before anything is written (private to the admin
+# until it is unified with the API's importer)
+
+IMPORT_FIELDS = ("input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")
+IMPORT_MAX_BYTES = 5 * 1024 * 1024
+IMPORT_MAX_ITEMS = 5000
+IMPORT_ERRORS_SHOWN = 200
+
+
+def _import_format(name: str, chosen: str, text: str) -> str:
+    if chosen in ("jsonl", "csv"):
+        return chosen
+    suffix = PurePosixPath(name or "").suffix.lower()
+    if suffix == ".csv":
+        return "csv"
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return "jsonl"
+    return "jsonl" if text.lstrip().startswith("{") else "csv"
+
+
+def _json_cell(text: str, what: str, problems: list[str]):
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        problems.append(f"{what}: not valid JSON ({exc})")
+        return None
+
+
+def _jsonl_items(text: str) -> tuple[list[tuple[int, dict]], list[str]]:
+    items, errors = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        problems: list[str] = []
+        record = _json_cell(line, "the line", problems)
+        if problems:
+            errors.extend(f"line {number}: {problem}" for problem in problems)
+            continue
+        if not isinstance(record, dict):
+            errors.append(f"line {number}: must be a JSON object such as {{\"input\": ..., \"expected_output\": ...}}")
+            continue
+        unknown = sorted(set(record) - set(IMPORT_FIELDS))
+        if unknown:
+            errors.append(f"line {number}: unknown field(s) {', '.join(unknown)}; known: {', '.join(IMPORT_FIELDS)}")
+            continue
+        expected = record.get("expected_output")
+        if expected is not None and not isinstance(expected, str):
+            record["expected_output"] = json.dumps(expected, ensure_ascii=False)  # a JSON answer, as its text
+        items.append((number, record))
+    return items, errors
+
+
+def _csv_items(text: str) -> tuple[list[tuple[int, dict]], list[str]]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    header = [name.strip() for name in reader.fieldnames or []]
+    if "input" not in header:
+        return [], ['line 1: the header must name an "input" column (and optionally '
+                    f"{', '.join(IMPORT_FIELDS[1:])})"]
+    unknown = [name for name in header if name not in IMPORT_FIELDS]
+    if unknown:
+        return [], [f"line 1: unknown column(s) {', '.join(unknown)}; known: {', '.join(IMPORT_FIELDS)}"]
+    reader.fieldnames = header
+    items, errors = [], []
+    for row in reader:
+        number = reader.line_num
+        if None in row:
+            errors.append(f"line {number}: more cells than columns")
+            continue
+        problems: list[str] = []
+        record: dict = {}
+        raw = (row.get("input") or "").strip()
+        record["input"] = _json_cell(raw, "input", problems) if raw[:1] in ("{", "[") else raw
+        for name in ("expected_output", "scoring_criteria"):
+            if row.get(name):
+                record[name] = row[name]
+        for name in ("rubric", "metadata"):
+            if (row.get(name) or "").strip():
+                record[name] = _json_cell(row[name], name, problems)
+        tags = (row.get("tags") or "").strip()
+        if tags:
+            record["tags"] = _json_cell(tags, "tags", problems) if tags.startswith("[") else \
+                [tag.strip() for tag in tags.split(",") if tag.strip()]
+        if problems:
+            errors.extend(f"line {number}: {problem}" for problem in problems)
+            continue
+        items.append((number, record))
+    return items, errors
+
+
+def parse_items(data: bytes, *, name: str = "", chosen: str = "auto") -> tuple[list[dict], list[str]]:
+    """The items of an uploaded file, or the errors of its lines (each "line N: field: problem")."""
+    if len(data) > IMPORT_MAX_BYTES:
+        return [], [f"the file is larger than {IMPORT_MAX_BYTES // (1024 * 1024)} MB"]
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        return [], [f"the file is not UTF-8 text (byte {exc.start})"]
+    kind = _import_format(name, chosen, text)
+    try:
+        records, errors = (_csv_items if kind == "csv" else _jsonl_items)(text)
+    except csv.Error as exc:
+        return [], [f"not readable as CSV: {exc}"]
+    for number, record in records:
+        found_json = [(name, json_problem(record[name])) for name in IMPORT_FIELDS if name in record]
+        bad = [(name, problem) for name, problem in found_json if problem]
+        if bad:
+            errors.extend(f"line {number}: {name}: {problem}" for name, problem in bad)
+            continue
+        problems = item_errors(input=record.get("input"), expected_output=record.get("expected_output", ""),
+                               scoring_criteria=record.get("scoring_criteria", ""), rubric=record.get("rubric"),
+                               tags=record.get("tags"), metadata=record.get("metadata"))
+        errors.extend(f"line {number}: {field}: {message}" for field, found in problems.items() for message in found)
+    if not records and not errors:
+        errors.append("the file has no items")
+    if len(records) > IMPORT_MAX_ITEMS:
+        errors.append(f"the file has {len(records)} items; at most {IMPORT_MAX_ITEMS} at once")
+    return [record for _, record in records], errors
+
+
+@admin.register(GoldenSet)
+class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
+    form = GoldenSetForm
+    inlines = (GoldenItemInline,)
+    list_display = ("name", "workspace", "workflow", "item_count", "pass_threshold", "graders_display",
+                    "last_run_display")
+    list_filter = (WorkspaceFilter,)
+    list_select_related = ("workspace", "workflow")
+    search_fields = ("name", "description")
+    ordering = ("name", "id")
+    actions = ("run_active_versions",)
+    change_form_template = "admin/evals/goldenset/change_form.html"
+
+    def get_queryset(self, request):
+        latest = EvalRun.objects.filter(golden_set=OuterRef("pk"), status=EvalRun.Status.COMPLETED) \
+            .order_by("-ended_at", "-pk")
+        items = GoldenItem.objects.filter(golden_set=OuterRef("pk")).order_by().values("golden_set") \
+            .annotate(n=Count("pk")).values("n")
+        return super().get_queryset(request).annotate(
+            items_n=Coalesce(Subquery(items, output_field=IntegerField()), 0),
+            last_run_id=Subquery(latest.values("pk")[:1]),
+            last_run_score=Subquery(latest.values("avg_score")[:1]),
+            last_run_pass_rate=Subquery(latest.values("pass_rate")[:1]))
+
+    def get_object(self, request, object_id, from_field=None):
+        return full_object(self, request, GoldenSet.objects.select_related("workspace", "workflow"), object_id)
+
+    def get_readonly_fields(self, request, obj=None):
+        # a set's runs and results live in its workspace: it does not move
+        return ("workspace",) if obj is not None else ()
+
+    @admin.display(description="items", ordering="items_n")
+    def item_count(self, golden_set):
+        return golden_set.items_n
+
+    @admin.display(description="graders")
+    def graders_display(self, golden_set):
+        return graders_summary(golden_set.graders)
+
+    @admin.display(description="last run score", ordering="last_run_score")
+    def last_run_display(self, golden_set):
+        if golden_set.last_run_id is None:
+            return "-"
+        return format_html('<a href="{}">{}</a> <span class="wf-muted">(pass {})</span>',
+                           reverse("admin:evals_evalrun_change", args=[golden_set.last_run_id]),
+                           score_text(golden_set.last_run_score), percent_text(golden_set.last_run_pass_rate))
+
+    def save_model(self, request, obj, form, change):
+        if not change and obj.created_by_id is None:
+            obj.created_by = request.user
+        super().save_model(request, obj, form, change)
+
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not GoldenItem:
+            return super().save_formset(request, form, formset, change)
+        items = formset.save(commit=False)
+        for item in formset.deleted_objects:
+            item.delete()
+        last = GoldenItem.objects.filter(golden_set=form.instance).aggregate(last=Max("position"))["last"] or 0
+        last = max([last, *(item.position for item in items if item.position is not None)])
+        for item in items:
+            if item.position is None:
+                last += 1
+                item.position = last
+            item.save()
+        formset.save_m2m()
+
+    # ------------------------------------------------------------------------------------ change page
+
+    def run_versions(self, golden_set: GoldenSet):
+        if golden_set.workflow_id is None:
+            return WorkflowVersion.objects.none()
+        return WorkflowVersion.objects.filter(workflow_id=golden_set.workflow_id).defer(*_slim_version()) \
+            .order_by("-created_at", "-pk")
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if obj is not None:
+            context.update(self.set_context(request, obj))
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def set_context(self, request, golden_set: GoldenSet) -> dict:
+        versions = self.run_versions(golden_set)
+        offered = list(versions[:VERSION_CHOICES]) if golden_set.workflow_id else []
+        active = next((v.pk for v in offered if v.status == WorkflowVersion.Status.ACTIVE), None)
+        form = RunForm(versions=versions, offered=offered, initial={"version": active, "reuse": True})
+        runs = list(EvalRun.objects.filter(golden_set=golden_set).select_related("workflow_version")
+                    .defer(*_slim_version("workflow_version__"), "config", "regression")
+                    .order_by("-created_at", "-pk")[:RECENT_RUNS])
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        return {
+            "can_act": self.has_change_permission(request, golden_set),
+            "run_form": form if golden_set.workflow_id else None,
+            "run_url": reverse(f"admin:{info}_run", args=[quote(golden_set.pk)]),
+            "import_url": reverse(f"admin:{info}_import", args=[quote(golden_set.pk)]),
+            "compare_url": reverse(f"admin:{info}_compare", args=[quote(golden_set.pk)]),
+            "runs_url": reverse("admin:evals_evalrun_changelist") + f"?golden_set={golden_set.pk}",
+            "recent_runs": [{
+                "pk": run.pk, "url": reverse("admin:evals_evalrun_change", args=[run.pk]),
+                "version": version_label(run.workflow_version), "status": run.status,
+                "status_label": run.get_status_display(), "avg_score": score_text(run.avg_score),
+                "pass_rate": percent_text(run.pass_rate), "progress": f"{run.items_done} / {run.items_total}",
+                "created_at": run.created_at,
+            } for run in runs],
+        }
+
+    # ------------------------------------------------------------------------------------- POST views
+
+    def get_urls(self):
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        views = (("run", self.run_view), ("import", self.import_view), ("compare", self.compare_view),
+                 ("promote", self.promote_view), ("rollback", self.rollback_view))
+        return [*(path(f"<path:object_id>/{name}/", self.admin_site.admin_view(view), name=f"{info}_{name}")
+                  for name, view in views), *super().get_urls()]
+
+    def _golden_set(self, request, object_id, *, act: bool):
+        """The golden set a view works on, or the response that refuses it (a missing or foreign set is
+        missing, as on the change page)."""
+        golden_set = self.get_object(request, unquote(object_id))
+        if golden_set is None:
+            return None, self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if not self.has_view_permission(request, golden_set) or (
+                act and not self.has_change_permission(request, golden_set)):
+            raise PermissionDenied
+        return golden_set, None
+
+    def _back(self, golden_set, name: str = "change", query: str = ""):
+        url = reverse(f"admin:evals_goldenset_{name}", args=[quote(golden_set.pk)])
+        return HttpResponseRedirect(url + query)
+
+    def run_view(self, request, object_id):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        golden_set, refused = self._golden_set(request, object_id, act=True)
+        if refused is not None:
+            return refused
+        form = RunForm(request.POST, versions=self.run_versions(golden_set))
+        if not form.is_valid():
+            problem = ("the set has no workflow: choose one and save first" if golden_set.workflow_id is None
+                       else _errors_text(form.errors))
+            self.message_user(request, f"Not started: {problem}", messages.ERROR)
+            return self._back(golden_set)
+        version = form.cleaned_data["version"]
+        try:
+            run = eval_run_start(golden_set=golden_set, version=version, user=request.user,
+                                 reuse=form.cleaned_data["reuse"])
+        except EvalError as exc:
+            self.message_user(request, f"Not started: {exc}", messages.ERROR)
+            return self._back(golden_set)
+        self.message_user(request, format_html(
+            "Started eval run {} of {} on {}; its page shows the progress.",
+            run.pk, version.dsl_hash[:12], golden_set.name), messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:evals_evalrun_change", args=[run.pk]))
+
+    def has_run_permission(self, request):
+        return self.has_change_permission(request)
+
+    @admin.action(description="Run an eval of each selected set's active version", permissions=["run"])
+    def run_active_versions(self, request, queryset):
+        selected = queryset.count()
+        sets = list(queryset.filter(workflow__versions__status=WorkflowVersion.Status.ACTIVE)
+                    .select_related("workflow").order_by("pk")[:50])
+        actives = {v.workflow_id: v for v in WorkflowVersion.objects.filter(
+            workflow_id__in=[s.workflow_id for s in sets], status=WorkflowVersion.Status.ACTIVE)}
+        started, refused = 0, []
+        for golden_set in sets:
+            try:
+                eval_run_start(golden_set=golden_set, version=actives[golden_set.workflow_id], user=request.user)
+                started += 1
+            except EvalError as exc:
+                refused.append(f"{golden_set.name}: {exc}")
+        self.message_user(request, f"Started {started} eval run(s) for {selected} selected set(s) (only sets whose "
+                                   "workflow has an active version are run; at most 50 at once).",
+                          messages.SUCCESS if started else messages.WARNING)
+        for problem in refused:
+            self.message_user(request, f"Not started: {problem}", messages.ERROR)
+
+    def import_view(self, request, object_id):
+        golden_set, refused = self._golden_set(request, object_id, act=True)
+        if refused is not None:
+            return refused
+        errors: list[str] = []
+        if request.method == "POST":
+            form = ImportForm(request.POST, request.FILES)
+            if form.is_valid():
+                upload = form.cleaned_data["file"]
+                data = upload.read(IMPORT_MAX_BYTES + 1)
+                records, errors = parse_items(data, name=upload.name, chosen=form.cleaned_data["format"])
+                if not errors:
+                    try:
+                        with transaction.atomic():
+                            added = [golden_item_add(golden_set=golden_set, **record) for record in records]
+                    except EvalError as exc:  # checked above already; a race with an edit of the set
+                        errors = [str(exc)]
+                    else:
+                        self.message_user(request, f"Imported {len(added)} item(s) into {golden_set.name} "
+                                                   f"(positions {added[0].position} to {added[-1].position}).",
+                                          messages.SUCCESS)
+                        return self._back(golden_set)
+        else:
+            form = ImportForm()
+        context = {
+            **self.admin_site.each_context(request), "opts": self.opts, "original": golden_set,
+            "title": f"Import items into {golden_set.name}", "form": form,
+            "errors": errors[:IMPORT_ERRORS_SHOWN], "errors_hidden": max(0, len(errors) - IMPORT_ERRORS_SHOWN),
+            "error_count": len(errors), "fields": IMPORT_FIELDS, "max_items": IMPORT_MAX_ITEMS,
+        }
+        return TemplateResponse(request, "admin/evals/goldenset/import.html", context)
+
+    # ------------------------------------------------------------------------------- compare, promote
+
+    def compare_versions_qs(self, golden_set: GoldenSet):
+        """Versions with a completed eval run on the set (of the set's workflow when it has one), with
+        their latest completed run's score on it."""
+        completed = EvalRun.objects.filter(golden_set=golden_set, status=EvalRun.Status.COMPLETED)
+        latest = completed.filter(workflow_version=OuterRef("pk")).order_by("-ended_at", "-pk")
+        runs = completed.filter(workflow_version=OuterRef("pk")).order_by().values("workflow_version") \
+            .annotate(n=Count("pk")).values("n")
+        versions = WorkflowVersion.objects.filter(pk__in=completed.values("workflow_version"))
+        if golden_set.workflow_id is not None:
+            versions = versions.filter(workflow_id=golden_set.workflow_id)
+        return versions.select_related("workflow").defer(*_slim_version()).annotate(
+            set_score=Subquery(latest.values("avg_score")[:1]),
+            set_runs=Coalesce(Subquery(runs, output_field=IntegerField()), 0)).order_by("-created_at", "-pk")
+
+    def compare_view(self, request, object_id):
+        golden_set, refused = self._golden_set(request, object_id, act=False)
+        if refused is not None:
+            return refused
+        versions = self.compare_versions_qs(golden_set)
+        choices = list(versions[:VERSION_CHOICES])
+        data = request.GET if ("a" in request.GET or "b" in request.GET) else None
+        if data is None and len(choices) >= 2:
+            # by default the active version (or the oldest) against the newest other one
+            a = next((v for v in choices if v.status == WorkflowVersion.Status.ACTIVE), choices[-1])
+            b = next(v for v in choices if v.pk != a.pk)
+            data = {"a": a.pk, "b": b.pk}
+        form = CompareForm(data, versions=versions, offered=choices)
+        context = {
+            **self.admin_site.each_context(request), "opts": self.opts, "original": golden_set,
+            "title": f"Compare versions on {golden_set.name}", "form": form, "choices": len(choices),
+            "change_url": reverse("admin:evals_goldenset_change", args=[quote(golden_set.pk)]),
+        }
+        if data is not None and form.is_valid():
+            context.update(self.comparison_context(request, golden_set, form.cleaned_data["a"],
+                                                   form.cleaned_data["b"]))
+        return TemplateResponse(request, "admin/evals/goldenset/compare.html", context)
+
+    def comparison_context(self, request, golden_set: GoldenSet, a: WorkflowVersion, b: WorkflowVersion) -> dict:
+        try:
+            evidence = compare_versions(golden_set=golden_set, version_a=a, version_b=b)
+        except EvalError as exc:
+            return {"compare_error": str(exc)}
+        items = {item.pk: item for item in GoldenItem.objects.filter(golden_set=golden_set)
+                 .only("pk", "position", "input", "expected_output", "tags")}
+        regressed = {row["item"] for row in evidence["critical_regressions"]}
+        rows = []
+        for entry in evidence["items"]:
+            item = items.get(entry["item"])
+            text = input_text(item.input) if item else ""
+            diff = entry["b"] - entry["a"] if entry["a"] is not None and entry["b"] is not None else None
+            rows.append({
+                "item": entry["item"], "position": item.position if item else "", "input": excerpt(text, EXCERPT),
+                "expected": excerpt(item.expected_output, EXCERPT) if item else "", "critical": entry["critical"],
+                "a": score_text(entry["a"]), "b": score_text(entry["b"]),
+                "diff": "-" if diff is None else f"{diff:+.3f}",
+                "direction": "" if diff is None else "up" if diff > 0 else "down" if diff < 0 else "same",
+                "regression": entry["item"] in regressed, "paired": diff is not None,
+            })
+        comparison = evidence["comparison"]
+        chart = charts.paired_svg(
+            [{"label": f"#{row['position']} {row['input']}", "a": entry["a"], "b": entry["b"],
+              "critical_regression": row["regression"]} for row, entry in zip(rows, evidence["items"], strict=True)],
+            label_a=f"a · {a.dsl_hash[:12]}", label_b=f"b · {b.dsl_hash[:12]}",
+            mean_a=comparison["mean_a"], mean_b=comparison["mean_b"])
+        workflow_id = golden_set.workflow_id or b.workflow_id
+        statuses = {v.pk: v for v in WorkflowVersion.objects.filter(workflow_id=workflow_id).filter(
+            status__in=(WorkflowVersion.Status.ACTIVE, WorkflowVersion.Status.ARCHIVED))
+            .only("pk", "dsl_hash", "status", "updated_at", "workflow_id").order_by("-updated_at", "-pk")}
+        active = next((v for v in statuses.values() if v.status == WorkflowVersion.Status.ACTIVE), None)
+        rollback_to = next((v for v in statuses.values() if v.status == WorkflowVersion.Status.ARCHIVED), None)
+        can_act = self.has_change_permission(request, golden_set)
+        info = "admin:evals_goldenset"
+        return {
+            "evidence": evidence, "comparison": comparison, "rows": rows, "chart_svg": chart,
+            "stats": {"mean_a": score_text(comparison["mean_a"]), "mean_b": score_text(comparison["mean_b"]),
+                      "mean_diff": _signed(comparison["mean_diff"]), "p": _p(comparison["p_value"]),
+                      "ci": f"{_signed(comparison['ci_low'])} to {_signed(comparison['ci_high'])}"},
+            "workflow_name": (golden_set.workflow or b.workflow).name,
+            "version_a": a, "version_b": b, "unpaired": sum(1 for row in rows if not row["paired"]),
+            "critical_regressions": [row for row in rows if row["regression"]],
+            "run_a_url": reverse("admin:evals_evalrun_change", args=[evidence["eval_run_a"]]),
+            "run_b_url": reverse("admin:evals_evalrun_change", args=[evidence["eval_run_b"]]),
+            "version_a_url": reverse("admin:workflows_workflowversion_change", args=[a.pk]),
+            "version_b_url": reverse("admin:workflows_workflowversion_change", args=[b.pk]),
+            "active_version": active, "a_is_active": active is not None and active.pk == a.pk,
+            "rollback_to": rollback_to, "can_act": can_act,
+            "can_promote": can_act and b.status != WorkflowVersion.Status.ACTIVE,
+            "can_rollback": can_act and rollback_to is not None,
+            "promote_url": reverse(f"{info}_promote", args=[quote(golden_set.pk)]),
+            "rollback_url": reverse(f"{info}_rollback", args=[quote(golden_set.pk)]),
+        }
+
+    def _posted_version(self, request, golden_set: GoldenSet) -> WorkflowVersion | None:
+        """The version a promote or rollback form names: of the set's workspace (and workflow, when the set
+        has one); None otherwise."""
+        value = request.POST.get("version", "")
+        if not (value.isdigit() and value.isascii()):
+            return None
+        versions = WorkflowVersion.objects.filter(pk=int(value), workflow__workspace_id=golden_set.workspace_id)
+        if golden_set.workflow_id is not None:
+            versions = versions.filter(workflow_id=golden_set.workflow_id)
+        return versions.select_related("workflow").defer(*_slim_version()).first()
+
+    def _back_to_compare(self, request, golden_set, a=None, b=None):
+        a = a if a is not None else request.POST.get("a", "")
+        b = b if b is not None else request.POST.get("b", "")
+        query = f"?a={a}&b={b}" if str(a).isdigit() and str(b).isdigit() else ""
+        return self._back(golden_set, "compare", query)
+
+    def promote_view(self, request, object_id):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        golden_set, refused = self._golden_set(request, object_id, act=True)
+        if refused is not None:
+            return refused
+        candidate = self._posted_version(request, golden_set)
+        if candidate is None:
+            self.message_user(request, "Not promoted: choose a version of this set's workflow.", messages.ERROR)
+            return self._back_to_compare(request, golden_set)
+        previous = WorkflowVersion.objects.filter(workflow_id=candidate.workflow_id,
+                                                  status=WorkflowVersion.Status.ACTIVE).only("pk").first()
+        try:
+            promotion = version_promote(candidate=candidate, golden_set=golden_set, user=request.user)
+        except PromotionRefused as exc:
+            self.message_user(request, f"Not promoted: {exc.errors['promotion'][0]}. "
+                                       f"{evidence_summary(exc.evidence)}", messages.ERROR)
+            # the page of the comparison the refusal was decided on: the active version against the candidate
+            return self._back_to_compare(request, golden_set, exc.evidence.get("version_a"), candidate.pk)
+        except EvalError as exc:
+            self.message_user(request, f"Not promoted: {exc}", messages.ERROR)
+            return self._back_to_compare(request, golden_set)
+        self.message_user(request, format_html(
+            "Promoted {} to the active version of {} ({}). {} <a href=\"{}\">The promotion and its evidence</a>.",
+            candidate.dsl_hash[:12], candidate.workflow.name,
+            f"it replaces {previous_label(previous)}" if previous else "it is the first active version",
+            evidence_summary(promotion.evidence), reverse("admin:evals_promotion_change", args=[promotion.pk])),
+            messages.SUCCESS)
+        return self._back_to_compare(request, golden_set)
+
+    def rollback_view(self, request, object_id):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        golden_set, refused = self._golden_set(request, object_id, act=True)
+        if refused is not None:
+            return refused
+        workflow = Workflow.objects.filter(pk=golden_set.workflow_id).first() if golden_set.workflow_id else None
+        if workflow is None:
+            version = self._posted_version(request, golden_set)
+            workflow = version.workflow if version is not None else None
+        if workflow is None:
+            self.message_user(request, "Not rolled back: the set has no workflow.", messages.ERROR)
+            return self._back_to_compare(request, golden_set)
+        try:
+            promotion = version_rollback(workflow=workflow, user=request.user)
+        except EvalError as exc:
+            self.message_user(request, f"Not rolled back: {exc}", messages.ERROR)
+            return self._back_to_compare(request, golden_set)
+        restored = WorkflowVersion.objects.filter(
+            pk__in=[promotion.workflow_version_id, promotion.previous_version_id]).only("pk", "dsl_hash")
+        labels = {v.pk: v.dsl_hash[:12] for v in restored}
+        self.message_user(request, format_html(
+            "Rolled back {}: {} is the active version again (it replaces {}). <a href=\"{}\">The rollback</a>.",
+            workflow.name, labels.get(promotion.workflow_version_id, "?"),
+            labels.get(promotion.previous_version_id, "no active version"),
+            reverse("admin:evals_promotion_change", args=[promotion.pk])), messages.SUCCESS)
+        return self._back_to_compare(request, golden_set)
+
+
+def previous_label(version) -> str:
+    return f"version {version.dsl_hash[:12]}" if getattr(version, "dsl_hash", None) else f"version {version.pk}"
+
+
+def evidence_summary(evidence: dict) -> str:
+    """One sentence of a promotion's evidence: the test's numbers and the critical regressions."""
+    if not isinstance(evidence, dict):
+        return ""
+    if evidence.get("first_version"):
+        return (f"Evidence: no active version to compare with; its eval run {evidence.get('eval_run')} scored "
+                f"{score_text(evidence.get('avg_score'))}.")
+    comparison = evidence.get("comparison") or {}
+    if not comparison:
+        return ""
+    text = (f"Evidence: {comparison.get('verdict')} on {comparison.get('n')} paired items, mean difference "
+            f"{_signed(comparison.get('mean_diff'))} (95% interval {_signed(comparison.get('ci_low'))} to "
+            f"{_signed(comparison.get('ci_high'))}), p = {_p(comparison.get('p_value'))}, "
+            f"alpha {comparison.get('alpha')}.")
+    regressions = evidence.get("critical_regressions") or []
+    if regressions:
+        text += " Critical items that regressed: " + ", ".join(
+            f"item {row['item']} ({score_text(row['a'])} → {score_text(row['b'])})" for row in regressions[:10]) + "."
+    return text
+
+
+def _signed(value) -> str:
+    return "-" if value is None else f"{value:+.3f}"
+
+
+def _p(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if value >= 0.0001 else f"{value:.1e}"
+
+
+# ------------------------------------------------------------------------------------------ eval runs
+
+class GoldenSetFilter(admin.SimpleListFilter):
+    """Choices from the golden sets of the user's workspaces: no DISTINCT over the runs."""
+
+    title = "golden set"
+    parameter_name = "golden_set"
+
+    def lookups(self, request, model_admin):
+        sets = GoldenSet.objects.filter(workspace__in=workspaces_for(request)).order_by("name", "pk")
+        return per_request(request, "golden_set_choices", lambda: [
+            (str(pk), name) for pk, name in sets.values_list("pk", "name")[:200]])
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(golden_set_id=value) if value.isdigit() and value.isascii() else queryset.none()
+
+    def get_facet_counts(self, pk_attname, filtered_qs):
+        return {f"{index}__c": Count(pk_attname, filter=Q(golden_set_id=value))
+                for index, (value, _label) in enumerate(self.lookup_choices)}
+
+
+@admin.register(EvalRun)
+class EvalRunAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+    list_display = ("id", "golden_set_link", "version_link", "status_display", "avg_score_display",
+                    "pass_rate_display", "fitness_display", "cost", "progress", "created_at")
+    list_display_links = ("id",)
+    list_filter = ("status", "origin", GoldenSetFilter, WorkspaceFilter)
+    list_select_related = ("golden_set", "workflow_version__workflow")
+    search_fields = ("id",)  # see get_search_results
+    search_help_text = "An eval run id, a durable run id, the start of a version hash, or a golden set's name."
+    ordering = ("-created_at", "-id")
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    list_per_page = 50
+    actions = ("cancel_eval_runs",)
+    change_form_template = "admin/evals/evalrun/change_form.html"
+    fieldsets = (
+        (None, {"fields": ("golden_set_link", "version_link", "status_display", "origin", "reuse", "created_by",
+                           "created_at", "started_at", "ended_at", "duration_display", "run_link", "error_pretty")}),
+        ("Aggregates", {"fields": ("avg_score_display", "pass_rate_display", "fitness_display", "progress",
+                                   "grading_errors", "cost_display", "latency_display", "regression_pretty")}),
+        ("Configuration", {"fields": ("config_pretty",)}),
+    )
+    readonly_fields = ("golden_set_link", "version_link", "status_display", "origin", "reuse", "created_by",
+                       "created_at", "started_at", "ended_at", "duration_display", "run_link", "error_pretty",
+                       "avg_score_display", "pass_rate_display", "fitness_display", "progress", "grading_errors",
+                       "cost_display", "latency_display", "regression_pretty", "config_pretty")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("golden_set", "workflow_version__workflow").defer(
+            "config", "regression", "error", "golden_set__graders", "golden_set__description",
+            *_slim_version("workflow_version__"))
+
+    def get_object(self, request, object_id, from_field=None):
+        queryset = EvalRun.objects.select_related("golden_set", "workflow_version__workflow", "created_by") \
+            .defer(*_slim_version("workflow_version__"))
+        return full_object(self, request, queryset, object_id)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        match = Q(durable_run_id=term) | Q(golden_set__name__icontains=term)
+        if term.isdigit() and term.isascii():
+            match |= Q(pk=int(term))
+        if all(c in "0123456789abcdefABCDEF" for c in term) and 6 <= len(term) <= 64:
+            match |= Q(workflow_version__dsl_hash__startswith=term.lower())
+        return queryset.filter(match), False
+
+    # ------------------------------------------------------------------------------ columns and fields
+
+    @admin.display(description="golden set", ordering="golden_set__name")
+    def golden_set_link(self, run):
+        return admin_link("evals_goldenset", run.golden_set_id, run.golden_set.name)
+
+    @admin.display(description="version")
+    def version_link(self, run):
+        version = run.workflow_version
+        return format_html('<a href="{}">{}</a> <span class="wf-muted">{}</span>',
+                           reverse("admin:workflows_workflowversion_change", args=[version.pk]),
+                           version.dsl_hash[:12], version.workflow.name)
+
+    @admin.display(description="status", ordering="status")
+    def status_display(self, run):
+        return status_badge(run.status, run.get_status_display())
+
+    @admin.display(description="avg score", ordering="avg_score")
+    def avg_score_display(self, run):
+        return score_text(run.avg_score)
+
+    @admin.display(description="pass rate", ordering="pass_rate")
+    def pass_rate_display(self, run):
+        return percent_text(run.pass_rate)
+
+    @admin.display(description="fitness", ordering="fitness")
+    def fitness_display(self, run):
+        return "-" if run.fitness is None else f"{run.fitness:.1f}"
+
+    @admin.display(description="cost", ordering="usd_cost")
+    def cost(self, run):
+        return usd(run.usd_cost)
+
+    @admin.display(description="items done / total")
+    def progress(self, run):
+        text = f"{run.items_done} / {run.items_total}"
+        return f"{text} ({run.items_reused} reused)" if run.items_reused else text
+
+    @admin.display(description="cost")
+    def cost_display(self, run):
+        return (f"{usd(run.usd_cost)} for the version's invocations ({usd(run.paid_usd)} paid by this run, the rest "
+                f"reused); judge {usd(run.judge_usd)}")
+
+    @admin.display(description="latency per item")
+    def latency_display(self, run):
+        if run.latency_p50_ms is None:
+            return "-"
+        return f"p50 {seconds_text(run.latency_p50_ms / 1000)}, p95 {seconds_text((run.latency_p95_ms or 0) / 1000)}"
+
+    @admin.display(description="duration")
+    def duration_display(self, run):
+        if run.started_at is None:
+            return "-"
+        if run.ended_at is None:
+            return f"{seconds_text((timezone.now() - run.started_at).total_seconds())} so far"
+        return seconds_text((run.ended_at - run.started_at).total_seconds())
+
+    @admin.display(description="durable run")
+    def run_link(self, run):
+        return durable_run_link(run.durable_run_id)
+
+    @admin.display(description="error")
+    def error_pretty(self, run):
+        return format_html('<pre class="wf-json wf-error">{}</pre>', run.error) if run.error else "-"
+
+    @admin.display(description="regression")
+    def regression_pretty(self, run):
+        return json_html(run.regression)
+
+    @admin.display(description="configuration")
+    def config_pretty(self, run):
+        return json_html(run.config)
+
+    # ------------------------------------------------------------------------------------ change page
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if obj is not None:
+            context.update(self.run_context(request, obj))
+            context["subtitle"] = (f"Eval run {obj.pk} of {obj.workflow_version.workflow.name} @ "
+                                   f"{obj.workflow_version.dsl_hash[:12]} on {obj.golden_set.name}")
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def run_context(self, request, run: EvalRun) -> dict:
+        results = list(GoldenResult.objects.filter(eval_run=run).select_related("golden_item")
+                       .defer("grades", "reuse_key", "golden_item__metadata", "golden_item__rubric")
+                       .order_by("golden_item__position", "golden_item_id")[:RESULT_LIMIT + 1])
+        can_act = self.has_act_permission(request)
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        return {
+            "histogram_svg": charts.histogram_svg(score_histogram(run), title=f"Scores of eval run {run.pk}"),
+            "results": [result_view(result) for result in results[:RESULT_LIMIT]],
+            "results_truncated": len(results) > RESULT_LIMIT, "result_limit": RESULT_LIMIT,
+            "results_url": reverse("admin:evals_goldenresult_changelist") + f"?eval_run__id__exact={run.pk}",
+            "compare_url": reverse("admin:evals_goldenset_compare", args=[run.golden_set_id]),
+            "can_act": can_act,
+            "can_cancel": can_act and run.status not in EvalRun.TERMINAL,
+            "can_propose": can_act and run.status == EvalRun.Status.COMPLETED,
+            "cancel_url": reverse(f"admin:{info}_cancel", args=[quote(run.pk)]),
+            "propose_url": reverse(f"admin:{info}_propose", args=[quote(run.pk)]),
+        }
+
+    # ---------------------------------------------------------------------------------------- actions
+
+    def has_act_permission(self, request) -> bool:
+        """Cancelling and proposing act on a run: the model's change permission (the admin itself stays
+        read-only)."""
+        return request.user.has_perm(f"{self.opts.app_label}.change_{self.opts.model_name}")
+
+    def get_urls(self):
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path("<path:object_id>/cancel/", self.admin_site.admin_view(self.cancel_view), name=f"{info}_cancel"),
+            path("<path:object_id>/propose/", self.admin_site.admin_view(self.propose_view), name=f"{info}_propose"),
+            *super().get_urls(),
+        ]
+
+    def _acting_on(self, request, object_id):
+        """The eval run a POST acts on, or the response that refuses it."""
+        if request.method != "POST":
+            return None, HttpResponseNotAllowed(["POST"])
+        run = self.get_object(request, unquote(object_id))
+        if run is None:  # missing or of another workspace: as the change page does
+            return None, self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if not self.has_view_permission(request, run) or not self.has_act_permission(request):
+            raise PermissionDenied
+        return run, None
+
+    def _back(self, run):
+        return HttpResponseRedirect(reverse("admin:evals_evalrun_change", args=[quote(run.pk)]))
+
+    def cancel_view(self, request, object_id):
+        run, refused = self._acting_on(request, object_id)
+        if refused is not None:
+            return refused
+        if eval_run_cancel(eval_run=run, reason=f"cancelled by {request.user} in the admin"):
+            self.message_user(request, f"Cancelled eval run {run.pk}.", messages.SUCCESS)
+        else:
+            self.message_user(request, f"Eval run {run.pk} was not cancelled: it is {run.status} (only queued or "
+                                       "running eval runs are cancelled).", messages.ERROR)
+        return self._back(run)
+
+    def propose_view(self, request, object_id):
+        run, refused = self._acting_on(request, object_id)
+        if refused is not None:
+            return refused
+        if run.status != EvalRun.Status.COMPLETED:
+            self.message_user(request, f"No rewrite proposed: eval run {run.pk} is {run.status}; only a completed "
+                                       "run's failures are learnt from.", messages.ERROR)
+            return self._back(run)
+        try:
+            proposal = rewriter.propose(eval_run=run, user=request.user)
+        except ValueError as exc:  # the rewritten DSL did not validate
+            self.message_user(request, f"No rewrite proposed: {exc}", messages.ERROR)
+            return self._back(run)
+        if proposal.skipped:
+            self.message_user(request, f"No rewrite proposed: {proposal.skipped}.", messages.WARNING)
+            return self._back(run)
+        version = proposal.version
+        compare = reverse("admin:evals_goldenset_compare", args=[run.golden_set_id])
+        self.message_user(request, format_html(
+            '{} <a href="{}">{}</a> (rewrite of node {} by {}, confidence {}): {}. Run an eval of it on '
+            '<a href="{}">the golden set</a>, then <a href="{}">compare</a> it with version {}.',
+            "Proposed the candidate version" if proposal.created else "The rewrite is the existing version",
+            reverse("admin:workflows_workflowversion_change", args=[version.pk]), version.dsl_hash[:12],
+            proposal.node_id, proposal.rewriter or "?", f"{proposal.confidence:.2f}", "; ".join(proposal.changelog),
+            reverse("admin:evals_goldenset_change", args=[run.golden_set_id]),
+            f"{compare}?a={run.workflow_version_id}&b={version.pk}", run.workflow_version.dsl_hash[:12]),
+            messages.SUCCESS if proposal.created else messages.INFO)
+        return self._back(run)
+
+    def has_cancel_permission(self, request):
+        return self.has_act_permission(request)
+
+    @admin.action(description="Cancel selected queued or running eval runs", permissions=["cancel"])
+    def cancel_eval_runs(self, request, queryset):
+        selected = queryset.count()
+        eligible = queryset.exclude(status__in=EvalRun.TERMINAL).order_by("pk")[:500]
+        cancelled = sum(1 for run in eligible
+                        if eval_run_cancel(eval_run=run, reason=f"cancelled by {request.user} in the admin"))
+        self.message_user(request, f"Cancelled {cancelled} of {selected} selected eval runs (only queued or running "
+                                   "ones are cancelled; at most 500 at once).", messages.SUCCESS)
+
+
+def result_view(result: GoldenResult) -> dict:
+    """What the eval run's page shows of one item's result."""
+    item = result.golden_item
+    text, full = input_text(item.input), item_text(item.input)
+    return {
+        "pk": result.pk, "position": item.position, "item": item.pk, "critical": item.critical,
+        "url": reverse("admin:evals_goldenresult_change", args=[result.pk]),
+        "input": clipped(full), "input_excerpt": excerpt(text, EXCERPT),
+        "input_long": len(text) > EXCERPT or full != text,
+        "expected": clipped(item.expected_output), "expected_excerpt": excerpt(item.expected_output, EXCERPT),
+        "expected_long": len(item.expected_output) > LONG_TEXT,
+        "actual": clipped(result.actual_output), "actual_excerpt": excerpt(result.actual_output, EXCERPT),
+        "actual_long": len(result.actual_output) > LONG_TEXT,
+        "score": score_text(result.score), "passed": result.passed, "grader": result.grader,
+        "rationale": clipped(result.grading_rationale), "rationale_excerpt": excerpt(result.grading_rationale, EXCERPT),
+        "rationale_long": len(result.grading_rationale) > EXCERPT,
+        "error": result.error, "grading_error": result.grading_error,
+        "latency": seconds_text(result.latency_ms / 1000) if result.latency_ms is not None else "-",
+        "cost": usd(result.usd_cost),
+        "invocation_url": reverse("admin:workflows_workflowinvocation_change", args=[result.workflow_invocation_id])
+        if result.workflow_invocation_id else "",
+        "invocation": result.workflow_invocation_id,
+        "reused": result.reused_from_id is not None, "reused_from": result.reused_from_id,
+    }
+
+
+# ------------------------------------------------------------------------------ results and promotions
+
+@admin.register(GoldenResult)
+class GoldenResultAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+    """Results are append-only: no add, change or delete."""
+
+    workspace_field = "eval_run__workspace"
+    list_display = ("id", "eval_run_link", "item_display", "score", "passed", "grader", "reused", "latency",
+                    "usd_cost", "created_at")
+    list_filter = ("passed", "grading_error")
+    list_select_related = ("golden_item",)
+    search_fields = ("=grader",)  # see get_search_results
+    search_help_text = "An eval run id (its results, in item order) or a grader."
+    ordering = ("-eval_run_id", "golden_item__position", "golden_item_id")
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    list_per_page = 100
+    change_form_template = "admin/evals/change_form.html"
+    fields = ("eval_run_link", "item_display", "version_link", "invocation_link", "score", "passed", "grader",
+              "grading_error", "error", "actual_pretty", "grading_rationale", "grades_pretty", "latency", "usd_cost",
+              "judge_usd", "reused", "reuse_key", "created_at")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("grades", "actual_output", "grading_rationale",
+                                                   "golden_item__metadata", "golden_item__rubric")
+
+    def get_object(self, request, object_id, from_field=None):
+        queryset = GoldenResult.objects.select_related("golden_item", "workflow_version") \
+            .defer(*_slim_version("workflow_version__"))
+        return full_object(self, request, queryset, object_id)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if term.isdigit() and term.isascii():
+            return queryset.filter(Q(eval_run_id=int(term)) | Q(grader=term)), False
+        return super().get_search_results(request, queryset, search_term)
+
+    @admin.display(description="eval run", ordering="eval_run_id")
+    def eval_run_link(self, result):
+        return admin_link("evals_evalrun", result.eval_run_id, result.eval_run_id)
+
+    @admin.display(description="item")
+    def item_display(self, result):
+        return f"#{result.golden_item.position} {excerpt(input_text(result.golden_item.input), EXCERPT)}"
+
+    @admin.display(description="version")
+    def version_link(self, result):
+        return admin_link("workflows_workflowversion", result.workflow_version_id,
+                          result.workflow_version.dsl_hash[:12])
+
+    @admin.display(description="invocation")
+    def invocation_link(self, result):
+        return admin_link("workflows_workflowinvocation", result.workflow_invocation_id,
+                          result.workflow_invocation_id)
+
+    @admin.display(description="reused")
+    def reused(self, result):
+        if result.reused_from_id is None:
+            return "-"
+        return format_html('<span class="ev-reused">reused</span> from {}',
+                           admin_link("evals_goldenresult", result.reused_from_id, f"#{result.reused_from_id}"))
+
+    @admin.display(description="latency", ordering="latency_ms")
+    def latency(self, result):
+        return seconds_text(result.latency_ms / 1000) if result.latency_ms is not None else "-"
+
+    @admin.display(description="actual output")
+    def actual_pretty(self, result):
+        return format_html('<pre class="wf-json">{}</pre>', clipped(result.actual_output)) \
+            if result.actual_output else "-"
+
+    @admin.display(description="grades")
+    def grades_pretty(self, result):
+        return json_html(result.grades)
+
+
+@admin.register(Promotion)
+class PromotionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+    """Activations and rollbacks with the evidence they were decided on: history, read-only."""
+
+    workspace_field = "workflow__workspace"
+    list_display = ("id", "action", "workflow", "version_link", "previous_link", "golden_set", "verdict_display",
+                    "decided_by", "created_at")
+    list_filter = ("action",)
+    list_select_related = ("workflow", "workflow_version", "previous_version", "golden_set", "decided_by")
+    search_fields = ("workflow__name",)
+    ordering = ("-created_at", "-id")
+    change_form_template = "admin/evals/change_form.html"
+    fields = ("action", "workflow", "version_link", "previous_link", "golden_set_link", "decided_by", "created_at",
+              "verdict_display", "evidence_pretty")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer(
+            "evidence", "golden_set__graders", "golden_set__description", *_slim_version("workflow_version__"),
+            *_slim_version("previous_version__")).annotate(
+            verdict=KT("evidence__comparison__verdict"), p_value=KT("evidence__comparison__p_value"),
+            mean_diff=KT("evidence__comparison__mean_diff"), first=KT("evidence__first_version"))
+
+    def get_object(self, request, object_id, from_field=None):
+        queryset = Promotion.objects.select_related("workflow", "workflow_version", "previous_version", "golden_set",
+                                                    "decided_by").defer(*_slim_version("workflow_version__"),
+                                                                        *_slim_version("previous_version__"))
+        return full_object(self, request, queryset, object_id)
+
+    @admin.display(description="version")
+    def version_link(self, promotion):
+        return admin_link("workflows_workflowversion", promotion.workflow_version_id,
+                          promotion.workflow_version.dsl_hash[:12])
+
+    @admin.display(description="previous version")
+    def previous_link(self, promotion):
+        if promotion.previous_version_id is None:
+            return "-"
+        return admin_link("workflows_workflowversion", promotion.previous_version_id,
+                          promotion.previous_version.dsl_hash[:12])
+
+    @admin.display(description="golden set")
+    def golden_set_link(self, promotion):
+        if promotion.golden_set_id is None:
+            return "-"
+        return admin_link("evals_goldenset", promotion.golden_set_id, promotion.golden_set.name)
+
+    @admin.display(description="evidence")
+    def verdict_display(self, promotion):
+        if promotion.action == Promotion.Action.ROLLBACK:
+            return "rollback"
+        if hasattr(promotion, "verdict"):
+            verdict, p_value, diff, first = promotion.verdict, promotion.p_value, promotion.mean_diff, promotion.first
+        else:
+            comparison = (promotion.evidence or {}).get("comparison") or {}
+            verdict, p_value, diff = comparison.get("verdict"), comparison.get("p_value"), comparison.get("mean_diff")
+            first = (promotion.evidence or {}).get("first_version")
+        if first in (True, "true"):
+            return "first active version"
+        if verdict is None:
+            return "-"
+        return f"{verdict}, mean difference {_signed(_float(diff))}, p = {_p(_float(p_value))}"
+
+    @admin.display(description="evidence (JSON)")
+    def evidence_pretty(self, promotion):
+        return format_html('<pre class="wf-json wf-json-full">{}</pre>', pretty_json(promotion.evidence))
+
+
+def _float(value) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
