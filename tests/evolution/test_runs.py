@@ -121,7 +121,7 @@ def test_reflective_and_iterative_runs_improve_with_minibatches_first(facts, sup
     # a minibatch eval run scores only its items
     from evals.models import EvalRun
 
-    minibatches = EvalRun.objects.filter(origin="evolution").exclude(config__item_ids=None)
+    minibatches = EvalRun.objects.filter(origin="evolution", config__has_key="item_ids")
     assert minibatches.exists() and all(len(r.config["item_ids"]) == 2 for r in minibatches)
 
 
