@@ -181,20 +181,21 @@ class NodeRun:
         ctx = self.ctx
         node = next(node for node in self.plan["dsl"]["nodes"] if node["nodeId"] == node_id)
         task = self.plan["task"]
-        started = ctx.step(f"node:{seq}:start", execution.node_start, self.invocation_id, self.workspace_id, seq,
-                           node, self.plan["node_versions"].get(node_id), inbox, task)
+        # the node's own writes and their checkpoint commit together (ctx.transaction): once, one commit
+        started = ctx.transaction(f"node:{seq}:start", execution.node_start, self.invocation_id, self.workspace_id,
+                                  seq, node, self.plan["node_versions"].get(node_id), inbox, task)
         try:
             output, offset = self._agent_loop(node, seq, started, inbox, task)
             if node["requiresApproval"]:
                 self._approval(node_id, seq, output)
             targets, role = self._next(node, seq, started["id"], offset, task, output)
         except Exception as exc:
-            ctx.step(f"node:{seq}:failed", execution.node_finish, self.invocation_id, seq,
+            ctx.transaction(f"node:{seq}:failed", execution.node_finish, self.invocation_id, seq,
                      {**self._usage_fields(), "status": "rejected" if isinstance(exc, NodeRejected) else "failed",
                       "error": describe(exc)})
             raise
         summary = output.strip().split("\n", 1)[0][:300]
-        ctx.step(f"node:{seq}:end", execution.node_finish, self.invocation_id, seq, {
+        ctx.transaction(f"node:{seq}:end", execution.node_finish, self.invocation_id, seq, {
             **self._usage_fields(), "status": "completed", "output": output, "summary": summary,
             "large_summary": output[:2000] if len(output) > 2000 else "", "next_nodes": targets,
             "handoffs": [{"from": node_id, "to": END, "role": "result", "text": output}]

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Subquery, Sum
 from django.db.models.functions import Coalesce
 
 from llm.chat import ChatRequest, ToolSpec, chat
@@ -115,15 +115,16 @@ def invocation_fail(invocation_id: int, error: str, status: str = WorkflowInvoca
 
 
 def _update_totals(invocation_id: int) -> None:
-    totals = NodeInvocation.objects.filter(workflow_invocation_id=invocation_id).aggregate(
-        usd=Coalesce(Sum("usd_cost"), Decimal(0)), inp=Coalesce(Sum("input_tokens"), 0),
-        out=Coalesce(Sum("output_tokens"), 0), calls=Coalesce(Sum("llm_calls"), 0),
-        hits=Coalesce(Sum("cache_hits"), 0), nodes=Count("id"),
-        failed=Count("id", filter=Q(status=NodeInvocation.Status.FAILED)),
-    )
+    """The invocation's totals, recomputed from its node invocations in one statement (idempotent)."""
+    nodes = NodeInvocation.objects.filter(workflow_invocation_id=invocation_id).values("workflow_invocation_id")
     WorkflowInvocation.objects.filter(pk=invocation_id).update(
-        usd_cost=totals["usd"], input_tokens=totals["inp"], output_tokens=totals["out"], llm_calls=totals["calls"],
-        cache_hits=totals["hits"], node_count=totals["nodes"], updated_at=now())
+        usd_cost=Coalesce(Subquery(nodes.annotate(v=Sum("usd_cost")).values("v")), Decimal(0)),
+        input_tokens=Coalesce(Subquery(nodes.annotate(v=Sum("input_tokens")).values("v")), 0),
+        output_tokens=Coalesce(Subquery(nodes.annotate(v=Sum("output_tokens")).values("v")), 0),
+        llm_calls=Coalesce(Subquery(nodes.annotate(v=Sum("llm_calls")).values("v")), 0),
+        cache_hits=Coalesce(Subquery(nodes.annotate(v=Sum("cache_hits")).values("v")), 0),
+        node_count=Coalesce(Subquery(nodes.annotate(v=Count("id")).values("v")), 0),
+        updated_at=now())
 
 
 # --------------------------------------------------------------------------------------------- nodes
@@ -135,13 +136,10 @@ def node_start(invocation_id: int, workspace_id: int, seq: int, node: dict, node
     every replay of the node sees the same prompt and tools."""
     tools = node_tools(workspace_id=workspace_id, code_tools=node["codeTools"], mcp_tools=node["mcpTools"])
     system, skills = _system_prompt(workspace_id, node, task)
-    started = now()
-    with transaction.atomic():
-        row, _ = NodeInvocation.objects.get_or_create(
-            workflow_invocation_id=invocation_id, seq=seq,
-            defaults={"node_id": node["nodeId"], "node_version_id": node_version_id, "started_at": started,
-                      "input": "\n\n".join(message["text"] for message in inbox)},
-        )
+    with transaction.atomic():  # the runner calls it in a ctx.transaction: it commits with its checkpoint, once
+        row = NodeInvocation.objects.create(
+            workflow_invocation_id=invocation_id, seq=seq, node_id=node["nodeId"], node_version_id=node_version_id,
+            started_at=now(), input="\n\n".join(message["text"] for message in inbox))
         Message.objects.bulk_create([
             Message(workflow_invocation_id=invocation_id, node_invocation=row, seq=message_seq(seq, offset),
                     from_node_id=message.get("from", ""), to_node_id=node["nodeId"], role=message["role"],
