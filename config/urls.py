@@ -10,6 +10,7 @@ api_patterns = [
     path("", include("durable.api.urls")),
     path("", include("knowledge.api.urls")),
     path("", include("workflows.api.urls")),
+    path("", include("evals.api.urls")),
 ]
 
 urlpatterns = [

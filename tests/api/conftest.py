@@ -1,6 +1,20 @@
+import json
+
 import pytest
+import schemathesis
 
 import tests.durable.workflows  # noqa: F401 - the suites walk every registered workflow, test ones included
+
+
+@schemathesis.serializer("application/jsonl")
+def _jsonl_body(ctx, value) -> bytes:
+    """Generated bodies for the import's JSONL content type (golden-sets/{id}/import/): text as it is, any
+    other value as one JSON line. Without it schemathesis skips that content type."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    return (json.dumps(value) + "\n").encode()
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +42,8 @@ def make_world(workspace, user):
     run_start(workflow="tests.signal", input={"note": marker}, namespace=workspace.namespace)
     schedule_save(key=f"sched-{workspace.slug}", workflow="tests.sequence", namespace=workspace.namespace,
                   input={"note": marker}, every_seconds=3600)
-    make_workflow_world(workspace, user, marker)
+    version = make_workflow_world(workspace, user, marker)
+    make_evals_world(workspace, user, marker, version)
     return marker
 
 
@@ -54,6 +69,28 @@ def make_workflow_world(workspace, user, marker):
     McpTool.objects.create(server_version=server_version, name="lookup", description=f"Tool {marker}")
     UserServerConfig.objects.create(user=user, server=server, config={"note": marker},
                                     secrets='{"Authorization": "Bearer world-secret-4417"}')
+    return version
+
+
+def make_evals_world(workspace, user, marker, version):
+    """A golden set of the workflow with one item, an eval run of `version` on it driven in-process to its end
+    (a result, its invocation), and a promotion recording the version's activation."""
+    from durable.inprocess import run_until_settled
+    from evals.models import Promotion
+    from evals.services import eval_run_start, golden_item_add, golden_set_create
+    from workflows.services import workflow_version_activate
+
+    golden = golden_set_create(workspace=workspace, name=f"golden-{workspace.slug}", workflow=version.workflow,
+                               description=f"Golden {marker}", graders=[{"kind": "contains"}], created_by=user)
+    golden_item_add(golden_set=golden, input={"text": f"Question {marker}"}, expected_output=f"Answer {marker}",
+                    tags=["critical"], metadata={"note": marker})
+    run = eval_run_start(golden_set=golden, version=version, user=user)
+    run_until_settled(run.durable_run_id, max_wait=30)
+    workflow_version_activate(version=version)
+    Promotion.objects.create(workflow=version.workflow, workflow_version=version, golden_set=golden,
+                             action=Promotion.Action.PROMOTE, evidence={"first_version": True, "note": marker},
+                             decided_by=user)
+
 
 
 @pytest.fixture

@@ -1,0 +1,745 @@
+"""Golden sets and their items, eval runs and their results, comparisons, promotions and rollbacks over HTTP,
+scoped to the caller's workspaces: another workspace's rows are not in any queryset, so their ids are 404 like
+missing ones, and naming them in a body or a filter is a 400 on that field."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import Count, F, Max, ProtectedError
+from django_filters.utils import translate_validation
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import exceptions, mixins, parsers, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from evals import rewriter, services
+from evals.api.filters import EvalRunFilter, GoldenItemFilter, GoldenResultFilter, GoldenSetFilter, PromotionFilter
+from evals.api.serializers import (
+    GRADERS_GUIDE,
+    MAX_TEXT,
+    CompareSerializer,
+    EvalRunCancelSerializer,
+    EvalRunDetailSerializer,
+    EvalRunSerializer,
+    EvalRunStartSerializer,
+    GoldenItemSerializer,
+    GoldenResultSerializer,
+    GoldenSetSerializer,
+    ImportRefusedBodySerializer,
+    ImportRequestSerializer,
+    ImportResultSerializer,
+    ImportUploadSerializer,
+    PromoteSerializer,
+    PromotionRefusedBodySerializer,
+    PromotionSerializer,
+    ProposalSerializer,
+)
+from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
+from workflows.models import Workflow, WorkflowVersion
+from workspaces.api.base import WorkspaceScopedMixin, WorkspaceScopedReadOnlyViewSet, WorkspaceScopedViewSet
+from workspaces.api.pagination import INVALID_CURSOR, IdCursorPagination
+from workspaces.api.parsers import NUL, NUL_MESSAGE, FormParser, JSONParser, MultiPartParser
+
+MAX_INT = 2**31 - 1
+IMPORT_MAX_BYTES = 5 * 1024 * 1024
+IMPORT_MAX_ITEMS = 5000
+IMPORT_KEYS = ("input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")
+MAX_JSON_DEPTH = 100
+ERRORS_IN_MESSAGE = 10
+
+
+class Conflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+    default_detail = "The request conflicts with the current state."
+
+
+class TooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "too_large"
+    default_detail = "The file is too large."
+
+
+def _invalid(exc: services.EvalError) -> exceptions.ValidationError:
+    return exceptions.ValidationError(exc.errors)
+
+
+class PositionCursorPagination(IdCursorPagination):
+    """Items (and results) in their set's order: position, then id. A position is a whole number, checked
+    before it reaches a query (results order by an annotation the base class cannot check)."""
+
+    ordering = ("position", "id")
+
+    def _check_position(self, position: str) -> None:
+        if not (position.isascii() and position.isdigit() and len(position) <= 10 and int(position) <= MAX_INT):
+            raise exceptions.ValidationError({"cursor": [INVALID_CURSOR]})
+
+
+def _in_progress(golden_set_id: int) -> None:
+    """Items must not change under a running eval run: its results are keyed on the contents it started with."""
+    if EvalRun.objects.filter(golden_set_id=golden_set_id, status__in=(EvalRun.Status.QUEUED,
+                                                                       EvalRun.Status.RUNNING)).exists():
+        raise Conflict(f"An eval run of golden set {golden_set_id} is in progress; change its items once it has "
+                       "ended (or cancel it).")
+
+
+# ----------------------------------------------------------------------------------------- item files
+
+class _RawItemsParser(parsers.BaseParser):
+    """A file sent as the whole body; read up to the limit (plus one byte, to tell an oversized one)."""
+
+    kind = ""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return {"upload": RawUpload(self.kind, stream.read(IMPORT_MAX_BYTES + 1), "")}
+
+
+class JsonlParser(_RawItemsParser):
+    media_type = "application/jsonl"
+    kind = "jsonl"
+
+
+class NdjsonParser(_RawItemsParser):
+    media_type = "application/x-ndjson"
+    kind = "jsonl"
+
+
+class CsvParser(_RawItemsParser):
+    media_type = "text/csv"
+    kind = "csv"
+
+
+@dataclass
+class RawUpload:
+    kind: str  # "jsonl", "csv" or "" (decided from the content)
+    content: bytes
+    name: str
+
+
+class Unreadable(Exception):
+    """The file as a whole cannot be read (its encoding, its CSV header): a 400 naming the file."""
+
+
+def _kind_of(upload) -> str:
+    name = (upload.name or "").lower()
+    content_type = (getattr(upload, "content_type", "") or "").lower()
+    if name.endswith(".csv") or content_type == "text/csv":
+        return "csv"
+    if name.endswith((".jsonl", ".ndjson")) or content_type in ("application/jsonl", "application/x-ndjson"):
+        return "jsonl"
+    return ""
+
+
+def decode(content: bytes) -> str:
+    """UTF-8 text (a byte-order mark is dropped); anything else is Unreadable with the line of the first bad byte."""
+    if content.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise Unreadable("The file is UTF-16 text; save it as UTF-8.")
+    try:
+        return content.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = content.count(b"\n", 0, exc.start) + 1
+        raise Unreadable(f"The file is not UTF-8 text: byte 0x{content[exc.start]:02x} on line {line} cannot be "
+                         "read; save it as UTF-8.") from None
+
+
+def _loads(text: str):
+    """JSON of untrusted text: no NaN or Infinity, no number out of range, no nesting a stack cannot take."""
+
+    def constant(name):
+        raise ValueError(f"{name} is not a JSON number")
+
+    def finite(text):
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"the number {text[:20]} is out of range")
+        return value
+
+    try:
+        return json.loads(text, parse_constant=constant, parse_float=finite)
+    except RecursionError:
+        raise ValueError(f"nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
+
+
+def _value_problem(value) -> str | None:
+    """What the database or the graders cannot take in a parsed JSON value: NULs, infinite numbers, depth."""
+    stack = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"nested too deeply (more than {MAX_JSON_DEPTH} levels)"
+        if isinstance(current, str) and NUL in current:
+            return NUL_MESSAGE
+        if isinstance(current, float) and not math.isfinite(current):
+            return "numbers must be finite"
+        if isinstance(current, dict):
+            for key, item in current.items():
+                if NUL in str(key):
+                    return NUL_MESSAGE
+                stack.append((item, depth + 1))
+        elif isinstance(current, list):
+            stack.extend((item, depth + 1) for item in current)
+    return None
+
+
+def _name(key) -> str:
+    text = str(key).replace(NUL, "")[:100]
+    return text or "key"
+
+
+def clean_item(raw: dict, *, from_csv: bool) -> tuple[dict, dict[str, list[str]]]:
+    """An item's fields from a JSONL object or a CSV row, and what is wrong with them by column (empty when
+    nothing is). In CSV, rubric and metadata are JSON text, tags JSON or comma-separated, and an input that is
+    a JSON object ({...}) is that object; in JSONL a non-text expected output is kept as its JSON text."""
+    errors: dict[str, list[str]] = {}
+    values: dict = {}
+    for key, value in raw.items():
+        if key not in IMPORT_KEYS:
+            errors.setdefault(_name(key), []).append(f"unknown {'column' if from_csv else 'key'}; known: "
+                                                     f"{', '.join(IMPORT_KEYS)}")
+            continue
+        problem = _value_problem(value)
+        if problem:
+            errors.setdefault(key, []).append(problem)
+            continue
+        values[key] = value
+    if from_csv:
+        values = _from_cells(values, errors)
+    expected = values.get("expected_output")
+    if expected is None:
+        values["expected_output"] = ""
+    elif isinstance(expected, bool) or (not isinstance(expected, str) and not from_csv):
+        values["expected_output"] = json.dumps(expected, ensure_ascii=False)
+    tags = values.get("tags")
+    if isinstance(tags, str):
+        values["tags"] = [tag.strip() for tag in tags.split(",") if tag.strip()]
+    for key, limit in (("expected_output", MAX_TEXT), ("scoring_criteria", 20_000)):
+        if isinstance(values.get(key), str) and len(values[key]) > limit:
+            errors.setdefault(key, []).append(f"at most {limit:,} characters")
+    shape = services.item_errors(**{key: values.get(key) for key in IMPORT_KEYS})
+    for key, messages in shape.items():
+        if key not in errors:
+            errors[key] = messages
+    return values, errors
+
+
+def _from_cells(cells: dict, errors: dict) -> dict:
+    values: dict = {}
+    for key, cell in cells.items():
+        text = cell.strip() if key != "expected_output" else cell
+        if key in ("rubric", "metadata") or (key == "tags" and text.startswith("[")):
+            if not text:
+                continue
+            try:
+                values[key] = _loads(text)
+            except ValueError as exc:
+                errors.setdefault(key, []).append(f"is not valid JSON: {str(exc)[:200]}")
+            else:
+                problem = _value_problem(values[key])
+                if problem:
+                    errors.setdefault(key, []).append(problem)
+        elif key == "input" and text.startswith("{"):
+            try:
+                parsed = _loads(text)
+            except ValueError:
+                parsed = None
+            values[key] = parsed if isinstance(parsed, dict) and not _value_problem(parsed) else cell
+        else:
+            values[key] = cell
+    return values
+
+
+def read_jsonl(text: str):
+    """(line, raw object or None, errors) for each non-blank line."""
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            value = _loads(line)
+        except ValueError as exc:
+            yield number, None, {"line": [f"is not valid JSON: {str(exc)[:200]}"]}
+            continue
+        if not isinstance(value, dict):
+            yield number, None, {"line": ["must be a JSON object with an `input` key"]}
+            continue
+        yield number, value, {}
+
+
+def read_csv(text: str):
+    """(line, raw row as {column: cell} or None, errors) for each non-blank record after the header."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader, None)
+    except csv.Error as exc:
+        raise Unreadable(f"The CSV header cannot be read: {exc}.") from None
+    if not header or not any(cell.strip() for cell in header):
+        return
+    columns = [cell.strip().lower() for cell in header]
+    unknown = [_name(column) for column in columns if column not in IMPORT_KEYS]
+    if unknown or NUL in "".join(columns):
+        raise Unreadable(f"Unknown CSV column(s) {', '.join(repr(c) for c in unknown)}; the header names columns "
+                         f"among {', '.join(IMPORT_KEYS)}.")
+    duplicates = sorted({column for column in columns if columns.count(column) > 1})
+    if duplicates:
+        raise Unreadable(f"The CSV header repeats {', '.join(duplicates)}.")
+    if "input" not in columns:
+        raise Unreadable("The CSV header has no `input` column.")
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise Unreadable(f"Line {start} cannot be read as CSV: {exc}.") from None
+        if not row or not any(cell.strip() for cell in row):
+            continue
+        if len(row) != len(columns):
+            yield start, None, {"row": [f"has {len(row)} cells; the header has {len(columns)} columns"]}
+            continue
+        yield start, dict(zip(columns, row, strict=True)), {}
+
+
+# ----------------------------------------------------------------------------------------- golden sets
+
+IMPORT_DESCRIPTION = f"""Add items to the set from a file: JSONL (one JSON object a line) or CSV (a header row).
+
+Send it as a multipart upload (`file`), as the whole body with the content type `application/jsonl`
+(or `application/x-ndjson`) or `text/csv`, or as a JSON body `{{"items": [{{...}}, ...]}}`. The text must be
+UTF-8 (a byte-order mark is fine).
+
+Keys (JSONL) or columns (CSV): `input` (required), `expected_output`, `scoring_criteria`, `rubric` (JSON: a list
+of {{"criterion", "max_points"}}), `tags` (a JSON list, or comma-separated names), `metadata` (a JSON object).
+In CSV, `input` is the cell's text, or the object when the cell is a JSON object. An unknown key or column is an
+error.
+
+All or nothing by default: any bad line refuses the whole file (400, nothing written) and each one is listed
+under `error.errors` as `{{"line": 3, "fields": {{"input": ["is required"]}}}}`. With `?partial=1` the good lines
+are written (201) and the bad ones reported in `errors`. Limits: {IMPORT_MAX_BYTES // (1024 * 1024)} MB and
+{IMPORT_MAX_ITEMS:,} items a file (413 past them). New items go after the set's last item, in line order."""
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List golden sets", description="Newest first, each with its item count."),
+    retrieve=extend_schema(summary="A golden set: its graders, threshold and item count"),
+    create=extend_schema(summary="Create a golden set in one of your workspaces",
+                         description="Graders (evals/graders.py):\n\n" + GRADERS_GUIDE),
+    update=extend_schema(summary="Change a golden set (name, description, workflow, threshold, graders)",
+                         description="Graders (evals/graders.py):\n\n" + GRADERS_GUIDE),
+    partial_update=extend_schema(summary="Change some fields of a golden set",
+                                 description="Graders (evals/graders.py):\n\n" + GRADERS_GUIDE),
+    destroy=extend_schema(summary="Delete a golden set, its items, eval runs and results (409 while one runs)"),
+)
+class GoldenSetViewSet(WorkspaceScopedViewSet):
+    """Golden sets of the caller's workspaces: items an agent workflow is scored on, with the graders that
+    score them. import/ adds items from a JSONL or CSV file; compare/ compares two versions' latest runs on it."""
+
+    queryset = GoldenSet.objects.select_related("created_by").annotate(item_count=Count("items"))
+    serializer_class = GoldenSetSerializer
+    filterset_class = GoldenSetFilter
+
+    def get_serializer_class(self):
+        return {"import_items": ImportRequestSerializer}.get(self.action, GoldenSetSerializer)
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        self.check_write_role(data["workspace"])
+        try:
+            golden_set = services.golden_set_create(
+                workspace=data["workspace"], name=data["name"], workflow=data.get("workflow"),
+                description=data.get("description", ""), graders=data["graders"],
+                pass_threshold=data["pass_threshold"], created_by=self.request.user)
+        except services.EvalError as exc:
+            raise _invalid(exc) from None
+        serializer.instance = self.get_queryset().get(pk=golden_set.pk)
+
+    def perform_update(self, serializer):
+        serializer.save()
+        serializer.instance = self.get_queryset().get(pk=serializer.instance.pk)
+
+    def perform_destroy(self, instance):
+        try:
+            with transaction.atomic():
+                _in_progress(instance.pk)
+                instance.delete()
+        except ProtectedError as exc:
+            kinds = sorted({str(row._meta.verbose_name_plural) for row in exc.protected_objects})
+            raise Conflict(f"Golden set {instance.pk} is used by {', '.join(kinds)}; their history keeps it, so it "
+                           "cannot be deleted.") from None
+
+    # --------------------------------------------------------------------------------------- import
+
+    @extend_schema(
+        summary="Import items from a JSONL or CSV file (all or nothing; ?partial=1 keeps the good lines)",
+        description=IMPORT_DESCRIPTION,
+        parameters=[OpenApiParameter("partial", OpenApiTypes.BOOL,
+                                     description="Write the good lines and report the bad (default: refuse the "
+                                                 "whole file when a line is bad).")],
+        request={"multipart/form-data": ImportUploadSerializer, "application/json": ImportRequestSerializer,
+                 "text/csv": OpenApiTypes.STR, "application/jsonl": OpenApiTypes.STR},
+        responses={201: ImportResultSerializer,
+                   400: OpenApiResponse(ImportRefusedBodySerializer,
+                                        description="Bad lines (listed in `error.errors`; nothing written), an "
+                                                    "unreadable file, or bad parameters.")})
+    @action(detail=True, methods=["post"], url_path="import", url_name="import", filter_backends=[],
+            parser_classes=[JSONParser, MultiPartParser, FormParser, JsonlParser, NdjsonParser, CsvParser])
+    def import_items(self, request, pk=None):
+        golden_set = self.get_object()  # a write: the object permission checks the caller's role
+        partial = _partial(request)
+        field, from_csv, rows = self._import_rows(request)
+        good, bad = [], []
+        for line, raw, errors in rows:
+            if len(good) + len(bad) >= IMPORT_MAX_ITEMS:
+                raise TooLarge(f"The file has more than {IMPORT_MAX_ITEMS:,} items; split it.")
+            values = {}
+            if raw is not None:
+                values, more = clean_item(raw, from_csv=from_csv)
+                errors = {**errors, **more}
+            if errors:
+                bad.append({"line": line, "fields": errors})
+            else:
+                good.append(values)
+        if not good and not bad:
+            raise exceptions.ValidationError({field: ["The file has no items."]})
+        if (bad and not partial) or not good:
+            return _import_refused(field, bad)
+        with transaction.atomic():
+            GoldenSet.objects.select_for_update().filter(pk=golden_set.pk).values_list("pk").first()
+            last = GoldenItem.objects.filter(golden_set=golden_set).aggregate(last=Max("position"))["last"] or 0
+            try:
+                created = [services.golden_item_add(golden_set=golden_set, position=last + offset, **values).pk
+                           for offset, values in enumerate(good, start=1)]
+            except services.EvalError as exc:
+                raise _invalid(exc) from None
+        body = {"created": len(created), "items": created, "errors": bad,
+                "items_url": GoldenSetSerializer(golden_set, context=self.get_serializer_context()).get_items_url(
+                    golden_set)}
+        return Response(ImportResultSerializer(body).data, status=status.HTTP_201_CREATED)
+
+    def _import_rows(self, request):
+        """(the field errors are reported on: "file" or "items", whether the rows are CSV, rows): rows are
+        (line, raw dict or None, errors), read lazily so the item limit stops a long file early."""
+        data = request.data
+        upload = data.get("upload") if isinstance(data, dict) else None
+        if isinstance(upload, RawUpload):
+            content, kind = upload.content, upload.kind
+        elif "file" in request.FILES:
+            file = request.FILES["file"]
+            if file.size > IMPORT_MAX_BYTES:
+                raise TooLarge(f"The file is {file.size:,} bytes, over the {IMPORT_MAX_BYTES:,}-byte limit.")
+            content, kind = file.read(IMPORT_MAX_BYTES + 1), _kind_of(file)
+        elif request.content_type.startswith("application/json"):
+            serializer = ImportRequestSerializer(data=data)
+            serializer.is_valid(raise_exception=True)
+            rows = [(number, item, {}) if isinstance(item, dict) else (number, None, {"line": ["must be a JSON "
+                                                                                                "object"]})
+                    for number, item in enumerate(serializer.validated_data["items"], start=1)]
+            return "items", False, rows
+        else:
+            raise exceptions.ValidationError({"file": ["Send a JSONL or CSV file: a multipart upload named `file`, "
+                                                       "or the body with the content type application/jsonl or "
+                                                       "text/csv."]})
+        if len(content) > IMPORT_MAX_BYTES:
+            raise TooLarge(f"The file is over the {IMPORT_MAX_BYTES:,}-byte limit.")
+        try:
+            text = decode(content)
+        except Unreadable as exc:
+            raise exceptions.ValidationError({"file": [str(exc)]}) from None
+        if not kind:
+            kind = "jsonl" if text.lstrip().startswith("{") else "csv"
+        if kind == "jsonl":
+            return "file", False, read_jsonl(text)
+        return "file", True, _guarded(read_csv(text))
+
+    # -------------------------------------------------------------------------------------- compare
+
+    @extend_schema(
+        summary="Compare two versions on the set: their latest completed eval runs, item by item",
+        description="A paired test on per-item scores (Wilcoxon signed-rank, two-sided; a paired-bootstrap 95% "
+                    "interval of the mean difference b - a) and the critical items b regressed. 400 when a version "
+                    "has no completed eval run on the set.",
+        parameters=[OpenApiParameter("a", OpenApiTypes.INT, required=True,
+                                     description="The baseline version (of the set's workspace)."),
+                    OpenApiParameter("b", OpenApiTypes.INT, required=True,
+                                     description="The version compared with it.")],
+        responses=CompareSerializer)
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
+    def compare(self, request, pk=None):
+        golden_set = self.get_object()
+        versions = {}
+        for name in ("a", "b"):
+            raw = request.query_params.get(name, "")
+            if not (raw.isascii() and raw.isdigit() and len(raw) <= 10 and int(raw) <= MAX_INT):
+                raise exceptions.ValidationError({name: ["A version id is required."]})
+            version = WorkflowVersion.objects.filter(pk=int(raw), workflow__workspace_id=golden_set.workspace_id) \
+                .only("pk", "workflow_id").first()
+            if version is None:
+                raise exceptions.ValidationError({name: [f"No version {raw} in this golden set's workspace."]})
+            versions[name] = version
+        try:
+            result = services.compare_versions(golden_set=golden_set, version_a=versions["a"],
+                                               version_b=versions["b"])
+        except services.EvalError as exc:
+            raise _invalid(exc) from None
+        return Response(CompareSerializer(result).data)
+
+
+def _partial(request) -> bool:
+    raw = request.query_params.get("partial")
+    if raw is None or raw == "":
+        return False
+    field = serializers.BooleanField()
+    try:
+        return field.to_internal_value(raw)
+    except exceptions.ValidationError:
+        raise exceptions.ValidationError({"partial": ["Must be true or false (1 or 0)."]}) from None
+
+
+def _guarded(rows):
+    """read_csv's rows, with a CSV error met halfway through as a 400 on the file."""
+    try:
+        yield from rows
+    except Unreadable as exc:
+        raise exceptions.ValidationError({"file": [str(exc)]}) from None
+
+
+def _import_refused(field: str, bad: list[dict]) -> Response:
+    lines = [f"line {entry['line']}: " + "; ".join(f"{name}: {message}" for name, messages in entry["fields"].items()
+                                                    for message in messages) for entry in bad]
+    more = f"; and {len(lines) - ERRORS_IN_MESSAGE} more" if len(lines) > ERRORS_IN_MESSAGE else ""
+    message = (f"{len(bad)} line{'s' if len(bad) != 1 else ''} with errors, nothing was imported: "
+               + "; ".join(lines[:ERRORS_IN_MESSAGE]) + more)
+    body = {"status": 400, "code": "invalid", "message": message, "fields": {field: lines[:100]}, "errors": bad}
+    return Response({"error": body}, status=status.HTTP_400_BAD_REQUEST)
+
+
+# ---------------------------------------------------------------------------------------------- items
+
+@extend_schema_view(
+    list=extend_schema(summary="List golden items", description="In their set's order (position, then id); "
+                                                                "`?golden_set=` for one set."),
+    retrieve=extend_schema(summary="A golden item"),
+    create=extend_schema(summary="Add an item to a golden set (after its last item unless `position` is given)"),
+    update=extend_schema(summary="Change an item (409 while an eval run of its set is in progress)"),
+    partial_update=extend_schema(summary="Change some fields of an item (409 while an eval run of its set is in "
+                                         "progress)"),
+    destroy=extend_schema(summary="Delete an item and its results (409 while an eval run of its set is in "
+                                  "progress)"),
+)
+class GoldenItemViewSet(WorkspaceScopedViewSet):
+    """Items of the caller's golden sets. A result depends on an item's input, expected output, criteria and
+    rubric (its `content_hash`): changing them makes the next eval run grade the item again."""
+
+    queryset = GoldenItem.objects.all()
+    serializer_class = GoldenItemSerializer
+    filterset_class = GoldenItemFilter
+    pagination_class = PositionCursorPagination
+    workspace_field = "golden_set__workspace"
+
+    def workspace_of(self, obj):
+        return obj.golden_set.workspace_id
+
+    def get_queryset(self):
+        return super().get_queryset().select_related("golden_set")
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        golden_set = data["golden_set"]
+        self.check_write_role(golden_set.workspace_id)
+        try:
+            serializer.instance = services.golden_item_add(
+                golden_set=golden_set, input=data["input"], expected_output=data.get("expected_output", ""),
+                scoring_criteria=data.get("scoring_criteria", ""), rubric=data.get("rubric"), tags=data.get("tags"),
+                metadata=data.get("metadata"), position=data.get("position"))
+        except services.EvalError as exc:
+            raise _invalid(exc) from None
+
+    def perform_update(self, serializer):
+        with transaction.atomic():
+            _in_progress(serializer.instance.golden_set_id)
+            serializer.save()
+
+    def perform_destroy(self, instance):
+        with transaction.atomic():
+            _in_progress(instance.golden_set_id)
+            instance.delete()
+
+
+# ------------------------------------------------------------------------------------------ eval runs
+
+def eval_run_queryset():
+    # the workflow's id through one join, never the version row (its DSL) per run
+    return EvalRun.objects.select_related("created_by").annotate(workflow_pk=F("workflow_version__workflow_id"))
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List eval runs", description="Newest first, with progress and aggregates."),
+    retrieve=extend_schema(summary="An eval run: config, aggregates, score histogram and its durable run"),
+    create=extend_schema(summary="Start an eval run of a version on a golden set (202; it runs in the background)",
+                         description="Refused (400, naming the field) when the set has no items, the version is "
+                                     "of another workspace than the set, or it cannot run here (missing tools or "
+                                     "models, named in `tools` and `models`).",
+                         request=EvalRunStartSerializer, responses={202: EvalRunDetailSerializer}),
+)
+class EvalRunViewSet(WorkspaceScopedMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Eval runs of the caller's workspaces. Each is a durable run (`durable_run`) that invokes the version on
+    every item and grades the answers; results/ lists them in item order."""
+
+    queryset = EvalRun.objects.all()
+    serializer_class = EvalRunSerializer
+    filterset_class = EvalRunFilter
+
+    def get_queryset(self):
+        self.queryset = eval_run_queryset()
+        return super().get_queryset()
+
+    def get_serializer_class(self):
+        return {"retrieve": EvalRunDetailSerializer, "create": EvalRunStartSerializer,
+                "cancel": EvalRunCancelSerializer, "results": GoldenResultSerializer,
+                "rewrite": ProposalSerializer}.get(self.action, EvalRunSerializer)
+
+    def _detail(self, run: EvalRun, code: int = status.HTTP_200_OK) -> Response:
+        run = eval_run_queryset().get(pk=run.pk)
+        return Response(EvalRunDetailSerializer(run, context=self.get_serializer_context()).data, status=code)
+
+    def create(self, request, *args, **kwargs):
+        serializer = EvalRunStartSerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        golden_set = data["golden_set"]
+        self.check_write_role(golden_set.workspace_id)
+        try:
+            run = services.eval_run_start(golden_set=golden_set, version=data["workflow_version"], user=request.user,
+                                          reuse=data["reuse"], concurrency=data.get("concurrency"),
+                                          node_budget=data.get("node_budget"), usd_budget=data.get("usd_budget"))
+        except services.EvalError as exc:
+            raise _invalid(exc) from None
+        return self._detail(run, status.HTTP_202_ACCEPTED)
+
+    @extend_schema(summary="Cancel a queued or running eval run (409 once it has ended)",
+                   request=EvalRunCancelSerializer, responses=EvalRunDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        run = self.get_object()
+        serializer = EvalRunCancelSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        if not services.eval_run_cancel(eval_run=run, reason=serializer.validated_data["reason"]):
+            current = EvalRun.objects.filter(pk=run.pk).values_list("status", flat=True).first()
+            raise Conflict(f"Eval run {run.pk} is {current}; only queued or running eval runs can be cancelled.")
+        return self._detail(run)
+
+    @extend_schema(summary="The run's per-item results in item order (cursor pages)",
+                   parameters=[OpenApiParameter("passed", OpenApiTypes.BOOL, description="Passed (true) or not."),
+                               OpenApiParameter("grading_error", OpenApiTypes.BOOL,
+                                                description="Results whose grading failed (their score is empty).")],
+                   responses=GoldenResultSerializer(many=True))
+    @action(detail=True, methods=["get"], pagination_class=PositionCursorPagination, filter_backends=[])
+    def results(self, request, pk=None):
+        # the run without the list's filters: the query parameters here filter its results
+        run = self.get_object()
+        queryset = GoldenResult.objects.filter(eval_run=run).annotate(position=F("golden_item__position"))
+        filterset = GoldenResultFilter(request.query_params, queryset=queryset, request=request)
+        if not filterset.is_valid():
+            raise translate_validation(filterset.errors)
+        page = self.paginate_queryset(filterset.qs)
+        return self.get_paginated_response(GoldenResultSerializer(page, many=True,
+                                                                  context=self.get_serializer_context()).data)
+
+    @extend_schema(
+        summary="Propose a rewrite of the version from the run's worst failures (201 with the new candidate)",
+        description=(rewriter.__doc__ or "").strip() + "\n\n201 when a candidate version was created; 200 with "
+                    "`skipped` saying why when none was (or with the existing version when the rewrite was already "
+                    "one). 409 unless the run has completed.",
+        request=None, responses={201: ProposalSerializer, 200: ProposalSerializer})
+    @action(detail=True, methods=["post"])
+    def rewrite(self, request, pk=None):
+        run = self.get_object()
+        if run.status != EvalRun.Status.COMPLETED:
+            raise Conflict(f"Eval run {run.pk} is {run.status}; a rewrite learns from a completed run.")
+        run = EvalRun.objects.select_related("workflow_version__workflow").get(pk=run.pk)
+        proposal = rewriter.propose(eval_run=run, user=request.user)
+        body = ProposalSerializer(proposal.as_dict(), context=self.get_serializer_context()).data
+        return Response(body, status=status.HTTP_201_CREATED if proposal.created else status.HTTP_200_OK)
+
+
+# ------------------------------------------------------------------------------------------ lifecycle
+
+class PromotionViewSet(WorkspaceScopedReadOnlyViewSet):
+    """Activations of the caller's workflow versions decided here: promotions (with the comparison they were
+    decided on) and rollbacks, newest first."""
+
+    queryset = Promotion.objects.select_related("decided_by", "workflow")
+    serializer_class = PromotionSerializer
+    filterset_class = PromotionFilter
+    workspace_field = "workflow__workspace"
+
+
+class VersionPromoteViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet):
+    """POST /api/workflow-versions/{id}/promote/ (routed in evals/api/urls.py: the evals app owns it)."""
+
+    queryset = WorkflowVersion.objects.select_related("workflow").defer("dsl", "input_schema", "output_schema")
+    serializer_class = PromoteSerializer
+    workspace_field = "workflow__workspace"
+    filter_backends = []
+    pagination_class = None
+
+    def workspace_of(self, obj):
+        return obj.workflow.workspace_id
+
+    @extend_schema(
+        summary="Promote a candidate over the workflow's active version when a golden set shows it is better",
+        description="Compares the candidate with the active version on the golden set (each one's latest completed "
+                    "eval run): significantly better (paired Wilcoxon test, p < EVAL_ALPHA) and no critical item "
+                    "regressed beyond the tolerance activates it and records the evidence (200). Otherwise 409 "
+                    "with `error.evidence`. A workflow with no active version takes the candidate on its own "
+                    "completed run. 400 (naming the field) when a run is missing or the set is of another "
+                    "workspace.",
+        request=PromoteSerializer,
+        responses={200: PromotionSerializer,
+                   409: OpenApiResponse(PromotionRefusedBodySerializer,
+                                        description="Refused: the evidence does not support it.")})
+    def promote(self, request, pk=None):
+        version = self.get_object()
+        serializer = PromoteSerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        golden_set = serializer.validated_data["golden_set"]
+        if golden_set.workspace_id != version.workflow.workspace_id:
+            raise exceptions.ValidationError({"golden_set": ["Belongs to another workspace than the version."]})
+        try:
+            promotion = services.version_promote(candidate=version, golden_set=golden_set, user=request.user)
+        except services.PromotionRefused as exc:
+            message = "; ".join(m for messages in exc.errors.values() for m in messages)
+            body = {"status": 409, "code": "promotion_refused", "message": f"promotion: {message}",
+                    "evidence": exc.evidence}
+            return Response({"error": body}, status=status.HTTP_409_CONFLICT)
+        except services.EvalError as exc:
+            raise _invalid(exc) from None
+        promotion = Promotion.objects.select_related("decided_by", "workflow").get(pk=promotion.pk)
+        return Response(PromotionSerializer(promotion, context=self.get_serializer_context()).data)
+
+
+class WorkflowRollbackViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet):
+    """POST /api/workflows/{id}/rollback/ (routed in evals/api/urls.py: the evals app owns it)."""
+
+    queryset = Workflow.objects.all()
+    serializer_class = PromotionSerializer
+    filter_backends = []
+    pagination_class = None
+
+    @extend_schema(summary="Re-activate the workflow's version archived last (409 when there is none)",
+                   request=None, responses={200: PromotionSerializer})
+    def rollback(self, request, pk=None):
+        workflow = self.get_object()
+        try:
+            promotion = services.version_rollback(workflow=workflow, user=request.user)
+        except services.EvalError as exc:
+            raise Conflict(f"Workflow {workflow.pk} has no archived version to roll back to.") from exc
+        promotion = Promotion.objects.select_related("decided_by", "workflow").get(pk=promotion.pk)
+        return Response(PromotionSerializer(promotion, context=self.get_serializer_context()).data)
