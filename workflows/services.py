@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from workflows import dsl as dsl_module
 from workflows.models import NodeVersion, Workflow, WorkflowVersion
@@ -74,9 +75,11 @@ def workflow_version_activate(*, version: WorkflowVersion) -> WorkflowVersion:
     guarantees at most one active version whatever happens."""
     with transaction.atomic():
         Workflow.objects.select_for_update().get(pk=version.workflow_id)
+        # updated_at says when a version was archived: rollback goes back to the one archived last
+        changed = timezone.now()
         WorkflowVersion.objects.filter(workflow_id=version.workflow_id, status=WorkflowVersion.Status.ACTIVE) \
-            .exclude(pk=version.pk).update(status=WorkflowVersion.Status.ARCHIVED)
-        WorkflowVersion.objects.filter(pk=version.pk).update(status=WorkflowVersion.Status.ACTIVE)
+            .exclude(pk=version.pk).update(status=WorkflowVersion.Status.ARCHIVED, updated_at=changed)
+        WorkflowVersion.objects.filter(pk=version.pk).update(status=WorkflowVersion.Status.ACTIVE, updated_at=changed)
     version.refresh_from_db(fields=["status"])
     return version
 

@@ -201,6 +201,7 @@ SPECTACULAR_SETTINGS = {
         "InvocationStatusEnum": "workflows.models.InvocationStatus",
         "WorkflowVersionOperationEnum": "workflows.models.WorkflowVersion.Operation",
         "EvalRunStatusEnum": "evals.models.EvalRunStatus",
+        "EvalRunOriginEnum": "evals.models.EvalRun.Origin",
     },
 }
 

@@ -184,3 +184,15 @@ def test_a_failure_at_the_start_is_recorded_on_the_eval_run(support_set, support
     monkeypatch.setattr(execution, "eval_begin", broken)
     run = evaluate(support_set, support_versions[0])
     assert run.status == "failed" and "the database said no" in run.error and run.ended_at
+
+
+def test_rollback_goes_to_the_version_archived_last(make_version):
+    from tests.workflows.conftest import graph, node
+    from workflows.services import workflow_version_activate, workflow_version_create
+
+    first = make_version(graph("a", node("a", prompt="one")), name="rollback")
+    second, _ = workflow_version_create(workflow=first.workflow, dsl=graph("a", node("a", prompt="two")))
+    third, _ = workflow_version_create(workflow=first.workflow, dsl=graph("a", node("a", prompt="three")))
+    for version in (second, first, third):  # first is archived last, when third takes over
+        workflow_version_activate(version=version)
+    assert version_rollback(workflow=first.workflow).workflow_version == first
