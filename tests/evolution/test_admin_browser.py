@@ -1,0 +1,97 @@
+"""The evolution admin in a real browser (Debian's Chromium through Playwright, against live_server): a
+finished run's page draws the fitness chart (a point per generation in each series) and the genealogy
+(a node per version, each a link to its version's page), and Promote best reports the promotion.
+Screenshots land in the test's tmp_path."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.urls import reverse
+
+from evolution.models import Generation, Individual
+from tests.factories import MembershipFactory
+from workflows.services import workflow_version_activate
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+]
+
+
+@pytest.fixture
+def scene(transactional_db, workspace, settings, facts, support_set, support_base, evolve):
+    """Data is written before Playwright starts: its sync API switches greenlets, and ORM calls made
+    inside it open connections of their own that outlive the test."""
+    settings.DURABLE_DISPATCH_ENABLED = False  # runs are driven in-process; no worker needed
+    operator = get_user_model().objects.create_user("operator", password="s3cret-pass", is_staff=True)
+    operator.user_permissions.add(*Permission.objects.filter(
+        content_type__app_label__in=("evolution", "evals", "workflows", "durable")))
+    MembershipFactory(user=operator, workspace=workspace)
+    run = evolve(support_base.workflow, support_set, config={"population": 3, "generations": 2, "seed": 1})
+    assert run.status == "completed", run.error
+    workflow_version_activate(version=run.base_version)  # the best has an active version to beat
+    versions = set(Individual.objects.filter(evolution_run=run).values_list("workflow_version_id", flat=True))
+    return {"run": run, "generations": Generation.objects.filter(evolution_run=run).count(), "versions": versions,
+            "individuals": Individual.objects.filter(evolution_run=run).count(), "best": run.best_version}
+
+
+@pytest.fixture
+def page(scene, browser_page):
+    return browser_page
+
+
+def test_operator_reads_a_run_follows_the_genealogy_and_promotes_the_best(live_server, scene, page, tmp_path):
+    page.goto(live_server.url + reverse("admin:login"))
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", "s3cret-pass")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#user-tools")
+
+    # the list: the run with its status, and the way to start another
+    page.goto(live_server.url + reverse("admin:evolution_evolutionrun_changelist"))
+    page.locator("#result_list").wait_for(state="visible")
+    assert page.locator("#result_list tbody tr").count() == 1
+    assert page.locator("#evo-start-link").is_visible()
+    page.screenshot(path=str(tmp_path / "runs.png"), full_page=True)
+
+    run = scene["run"]
+    run_page = live_server.url + reverse("admin:evolution_evolutionrun_change", args=[run.pk])
+    page.goto(run_page)
+
+    # the fitness chart: one point per generation in each of the three series
+    chart = page.locator("#evo-fitness svg.evo-fitness")
+    chart.wait_for(state="visible")
+    for series in ("best", "avg", "worst"):
+        assert chart.locator(f"circle.evo-point-{series}").count() == scene["generations"], series
+    box = chart.bounding_box()
+    assert box["width"] >= 600 and box["height"] >= 280
+    best_points = [chart.locator("circle.evo-point-best").nth(i).bounding_box() for i in range(scene["generations"])]
+    assert best_points[-1]["y"] < best_points[0]["y"]  # the best fitness rose: its last point sits higher
+
+    # the genealogy: a node per version that took part
+    graph = page.locator("#evo-genealogy svg.evo-genealogy")
+    graph.wait_for(state="visible")
+    nodes = graph.locator("a.evo-node")
+    assert nodes.count() == len(scene["versions"])
+    assert {int(nodes.nth(i).get_attribute("data-version")) for i in range(nodes.count())} == scene["versions"]
+    assert graph.locator("a.evo-node-base").count() == 1 and graph.locator("a.evo-node-best").count() == 1
+    assert page.locator("#evo-generations-table tr.evo-individual").count() == scene["individuals"]
+    page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
+    chart.screenshot(path=str(tmp_path / "fitness.png"))
+    graph.screenshot(path=str(tmp_path / "genealogy.png"))
+
+    # a node opens its version's page
+    best = scene["best"]
+    graph.locator("a.evo-node-best").click()
+    page.wait_for_url(f"**{reverse('admin:workflows_workflowversion_change', args=[best.pk])}")
+    assert best.dsl_hash in page.content()
+
+    # Promote best: better than the active base, so it is promoted, and the page says so
+    page.goto(run_page)
+    page.click("#evo-promote")
+    page.wait_for_selector(".messagelist .success")
+    message = page.locator(".messagelist").inner_text()
+    assert f"Promoted {best.dsl_hash[:12]} (the run's best" in message and "Evidence: verdict better" in message
+    assert page.locator("#evo-promote").count() == 0 and page.locator("#evo-best-active").is_visible()
+    page.screenshot(path=str(tmp_path / "promoted.png"), full_page=True)
+    assert (tmp_path / "run.png").stat().st_size > 10_000
