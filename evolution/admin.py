@@ -24,7 +24,6 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, Count, F, FloatField, Q, When
-from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KT
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -38,6 +37,7 @@ from evals.services import EvalError, PromotionRefused
 from evolution import charts
 from evolution.conf import DEFAULTS
 from evolution.models import EvolutionRun, Generation, Individual
+from evolution.selectors import run_genealogy_versions
 from evolution.services import (
     EvolutionError,
     evolution_cancel,
@@ -62,7 +62,6 @@ from workspaces.admin_scope import WorkspaceScopedAdmin, workspaces_for
 
 INDIVIDUAL_ROWS = 1500  # individuals listed on a run's page; the individuals list pages through the rest
 GENEALOGY_LIMIT = 3000  # versions drawn in a run's genealogy
-ANCESTOR_DEPTH = 200  # how far the genealogy climbs from the run's versions towards the base
 NOTE_EXCERPT = 140
 VERSION_BIG_COLUMNS = ("dsl", "input_schema", "output_schema", "unresolved_tools")
 
@@ -129,30 +128,6 @@ def evidence_text(evidence) -> str:
             f"item {row.get('item')} ({fitness_text(row.get('a'))} → {fitness_text(row.get('b'))})"
             for row in regressions[:10]) + "."
     return text
-
-
-def run_genealogy_versions(run: EvolutionRun):
-    """The versions of a run's genealogy: every version that took part, and their ancestors (of the
-    run's workflow) back to the base, the base's own left out. One recursive query.
-    (A read of the evolution app: it belongs in evolution/selectors.py.)"""
-    version_table = WorkflowVersion._meta.db_table
-    sql = f"""
-        WITH RECURSIVE lineage(id, depth) AS (
-            SELECT individual.workflow_version_id, 0 FROM {Individual._meta.db_table} AS individual
-            WHERE individual.evolution_run_id = %s
-            UNION
-            SELECT parent.id, lineage.depth + 1 FROM lineage
-            JOIN {version_table} AS child ON child.id = lineage.id
-            JOIN {version_table} AS parent ON parent.id = child.parent1_id OR parent.id = child.parent2_id
-            WHERE child.id <> %s AND parent.workflow_id = %s AND lineage.depth < %s
-        )
-        SELECT id FROM lineage
-    """
-    # the table names come from the models; every value is a bound parameter
-    lineage = RawSQL(sql, (run.pk, run.base_version_id, run.workflow_id, ANCESTOR_DEPTH))  # noqa: S611
-    return (WorkflowVersion.objects.filter(pk__in=lineage)
-            .only("pk", "dsl_hash", "operation", "parent1", "parent2", "status", "workflow")
-            .order_by("pk"))
 
 
 def ancestor_columns(nodes: dict[int, dict]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db.models.expressions import RawSQL
+
 from evolution.models import EvolutionRun, Individual
 from workflows.models import WorkflowVersion
 
@@ -39,3 +41,29 @@ def best_lineage(run: EvolutionRun) -> list[dict]:
                       "change": None if value is None or previous is None else round(value - previous, 6)})
         previous = value if value is not None else previous
     return steps
+
+
+ANCESTOR_DEPTH = 200  # how far the genealogy climbs from the run's versions towards the base
+
+
+def run_genealogy_versions(run: EvolutionRun):
+    """The versions of a run's genealogy: every version that took part, and their ancestors (of the
+    run's workflow) back to the base, the base's own left out. One recursive query."""
+    version_table = WorkflowVersion._meta.db_table
+    sql = f"""
+        WITH RECURSIVE lineage(id, depth) AS (
+            SELECT individual.workflow_version_id, 0 FROM {Individual._meta.db_table} AS individual
+            WHERE individual.evolution_run_id = %s
+            UNION
+            SELECT parent.id, lineage.depth + 1 FROM lineage
+            JOIN {version_table} AS child ON child.id = lineage.id
+            JOIN {version_table} AS parent ON parent.id = child.parent1_id OR parent.id = child.parent2_id
+            WHERE child.id <> %s AND parent.workflow_id = %s AND lineage.depth < %s
+        )
+        SELECT id FROM lineage
+    """
+    # the table names come from the models; every value is a bound parameter
+    lineage = RawSQL(sql, (run.pk, run.base_version_id, run.workflow_id, ANCESTOR_DEPTH))  # noqa: S611
+    return (WorkflowVersion.objects.filter(pk__in=lineage)
+            .only("pk", "dsl_hash", "operation", "parent1", "parent2", "status", "workflow")
+            .order_by("pk"))

