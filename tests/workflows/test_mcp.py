@@ -207,10 +207,10 @@ def test_a_tool_the_server_does_not_list_is_a_clear_error(live):
 
 
 def test_a_slow_server_times_out_with_a_clear_error(live):
-    started = time.monotonic()
+    # the tool takes 3 s: an answer ("done") would mean the 1 s timeout never fired
     with pytest.raises(McpError, match="did not answer within 1 s") as caught:
         mcp_call(live.url, "slow", {}, timeout=1)
-    assert caught.value.transient and time.monotonic() - started < 2.5
+    assert caught.value.transient
 
 
 def test_calls_work_from_a_worker_thread_and_under_a_running_event_loop(live):
