@@ -3,8 +3,8 @@
 - Golden sets: editable, with their items inline (input, rubric, tags and metadata as JSON, checked by
   `services.item_errors`; graders checked by `graders.validate_graders`, an error naming the entry and
   option). The change page starts an eval run of a version of the set's workflow, lists the set's
-  recent runs, and links to the item import page (JSON Lines or CSV, all or nothing, each bad line
-  named) and to the compare page.
+  recent runs, and links to the item import page (JSON Lines or CSV read by evals/importing.py, written
+  by `services.golden_items_import`: all or nothing, each bad line named) and to the compare page.
 - Compare (a golden set's `compare/?a=<version>&b=<version>`): the paired comparison of two versions'
   latest completed runs on the set (`services.compare_versions`): per-item scores side by side, a
   slope chart (evals/charts.py), the mean difference, its 95% interval, the p-value and the verdict,
@@ -23,17 +23,12 @@ run admin itself stays read-only).
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import math
-from pathlib import PurePosixPath
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import transaction
 from django.db.models import Count, IntegerField, Max, OuterRef, Q, Subquery
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
@@ -46,7 +41,7 @@ from django.utils.html import format_html
 
 from config.admin import EstimatedCountPaginator, ReadOnlyAdmin
 from durable.admin import pretty_json
-from evals import charts, rewriter
+from evals import charts, importing, rewriter
 from evals.graders import GraderConfigError, validate_graders
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
 from evals.selectors import score_histogram
@@ -56,7 +51,7 @@ from evals.services import (
     compare_versions,
     eval_run_cancel,
     eval_run_start,
-    golden_item_add,
+    golden_items_import,
     item_errors,
     version_promote,
     version_rollback,
@@ -129,24 +124,6 @@ def graders_summary(graders) -> str:
         plain = weight in (1, 1.0, None) or not isinstance(weight, int | float)
         parts.append(kind if plain else f"{kind} (weight {weight:g})")
     return " + ".join(parts)
-
-
-def json_problem(value) -> str | None:
-    """What Postgres refuses in a JSON value: NUL characters (in a string or a key) and NaN or infinite
-    numbers (which Python's json reads)."""
-    stack = [value]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, str) and "\x00" in current:
-            return "must not contain NUL characters"
-        if isinstance(current, float) and not math.isfinite(current):
-            return "numbers must be finite (no NaN or Infinity)"
-        if isinstance(current, dict):
-            stack.extend(current.keys())
-            stack.extend(current.values())
-        elif isinstance(current, list):
-            stack.extend(current)
-    return None
 
 
 def _errors_text(errors: dict[str, list[str]]) -> str:
@@ -230,7 +207,7 @@ class GoldenItemForm(forms.ModelForm):
             if name in data and data[name] is None:
                 data[name] = empty()
         for name in ("input", "rubric", "tags", "metadata"):
-            problem = json_problem(data.get(name))
+            problem = importing.value_problem(data.get(name))
             if problem and name not in self.errors:
                 self.add_error(name, problem)
         problems = item_errors(input=data.get("input"), expected_output=data.get("expected_output", ""),
@@ -293,7 +270,8 @@ class RunForm(forms.Form):
 
 
 class ImportForm(forms.Form):
-    file = forms.FileField(help_text="JSON Lines (.jsonl) or CSV (.csv), UTF-8, at most 5 MB.")
+    file = forms.FileField(help_text=f"JSON Lines (.jsonl) or CSV (.csv), UTF-8, at most "
+                                     f"{importing.MAX_BYTES // (1024 * 1024)} MB.")
     format = forms.ChoiceField(choices=[("auto", "from the file name"), ("jsonl", "JSON Lines"), ("csv", "CSV")],
                                initial="auto")
 
@@ -314,123 +292,7 @@ class CompareForm(forms.Form):
         return data
 
 
-# the item import: JSON Lines or CSV, every line checked before anything is written (private to the admin
-# until it is unified with the API's importer)
-
-IMPORT_FIELDS = ("input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")
-IMPORT_MAX_BYTES = 5 * 1024 * 1024
-IMPORT_MAX_ITEMS = 5000
-IMPORT_ERRORS_SHOWN = 200
-
-
-def _import_format(name: str, chosen: str, text: str) -> str:
-    if chosen in ("jsonl", "csv"):
-        return chosen
-    suffix = PurePosixPath(name or "").suffix.lower()
-    if suffix == ".csv":
-        return "csv"
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return "jsonl"
-    return "jsonl" if text.lstrip().startswith("{") else "csv"
-
-
-def _json_cell(text: str, what: str, problems: list[str]):
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        problems.append(f"{what}: not valid JSON ({exc})")
-        return None
-
-
-def _jsonl_items(text: str) -> tuple[list[tuple[int, dict]], list[str]]:
-    items, errors = [], []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        problems: list[str] = []
-        record = _json_cell(line, "the line", problems)
-        if problems:
-            errors.extend(f"line {number}: {problem}" for problem in problems)
-            continue
-        if not isinstance(record, dict):
-            errors.append(f"line {number}: must be a JSON object such as {{\"input\": ..., \"expected_output\": ...}}")
-            continue
-        unknown = sorted(set(record) - set(IMPORT_FIELDS))
-        if unknown:
-            errors.append(f"line {number}: unknown field(s) {', '.join(unknown)}; known: {', '.join(IMPORT_FIELDS)}")
-            continue
-        expected = record.get("expected_output")
-        if expected is not None and not isinstance(expected, str):
-            record["expected_output"] = json.dumps(expected, ensure_ascii=False)  # a JSON answer, as its text
-        items.append((number, record))
-    return items, errors
-
-
-def _csv_items(text: str) -> tuple[list[tuple[int, dict]], list[str]]:
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    header = [name.strip() for name in reader.fieldnames or []]
-    if "input" not in header:
-        return [], ['line 1: the header must name an "input" column (and optionally '
-                    f"{', '.join(IMPORT_FIELDS[1:])})"]
-    unknown = [name for name in header if name not in IMPORT_FIELDS]
-    if unknown:
-        return [], [f"line 1: unknown column(s) {', '.join(unknown)}; known: {', '.join(IMPORT_FIELDS)}"]
-    reader.fieldnames = header
-    items, errors = [], []
-    for row in reader:
-        number = reader.line_num
-        if None in row:
-            errors.append(f"line {number}: more cells than columns")
-            continue
-        problems: list[str] = []
-        record: dict = {}
-        raw = (row.get("input") or "").strip()
-        record["input"] = _json_cell(raw, "input", problems) if raw[:1] in ("{", "[") else raw
-        for name in ("expected_output", "scoring_criteria"):
-            if row.get(name):
-                record[name] = row[name]
-        for name in ("rubric", "metadata"):
-            if (row.get(name) or "").strip():
-                record[name] = _json_cell(row[name], name, problems)
-        tags = (row.get("tags") or "").strip()
-        if tags:
-            record["tags"] = _json_cell(tags, "tags", problems) if tags.startswith("[") else \
-                [tag.strip() for tag in tags.split(",") if tag.strip()]
-        if problems:
-            errors.extend(f"line {number}: {problem}" for problem in problems)
-            continue
-        items.append((number, record))
-    return items, errors
-
-
-def parse_items(data: bytes, *, name: str = "", chosen: str = "auto") -> tuple[list[dict], list[str]]:
-    """The items of an uploaded file, or the errors of its lines (each "line N: field: problem")."""
-    if len(data) > IMPORT_MAX_BYTES:
-        return [], [f"the file is larger than {IMPORT_MAX_BYTES // (1024 * 1024)} MB"]
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        return [], [f"the file is not UTF-8 text (byte {exc.start})"]
-    kind = _import_format(name, chosen, text)
-    try:
-        records, errors = (_csv_items if kind == "csv" else _jsonl_items)(text)
-    except csv.Error as exc:
-        return [], [f"not readable as CSV: {exc}"]
-    for number, record in records:
-        found_json = [(name, json_problem(record[name])) for name in IMPORT_FIELDS if name in record]
-        bad = [(name, problem) for name, problem in found_json if problem]
-        if bad:
-            errors.extend(f"line {number}: {name}: {problem}" for name, problem in bad)
-            continue
-        problems = item_errors(input=record.get("input"), expected_output=record.get("expected_output", ""),
-                               scoring_criteria=record.get("scoring_criteria", ""), rubric=record.get("rubric"),
-                               tags=record.get("tags"), metadata=record.get("metadata"))
-        errors.extend(f"line {number}: {field}: {message}" for field, found in problems.items() for message in found)
-    if not records and not errors:
-        errors.append("the file has no items")
-    if len(records) > IMPORT_MAX_ITEMS:
-        errors.append(f"the file has {len(records)} items; at most {IMPORT_MAX_ITEMS} at once")
-    return [record for _, record in records], errors
+IMPORT_ERRORS_SHOWN = 200  # bad lines listed on the import page
 
 
 @admin.register(GoldenSet)
@@ -617,27 +479,27 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
         if request.method == "POST":
             form = ImportForm(request.POST, request.FILES)
             if form.is_valid():
-                upload = form.cleaned_data["file"]
-                data = upload.read(IMPORT_MAX_BYTES + 1)
-                records, errors = parse_items(data, name=upload.name, chosen=form.cleaned_data["format"])
-                if not errors:
-                    try:
-                        with transaction.atomic():
-                            added = [golden_item_add(golden_set=golden_set, **record) for record in records]
-                    except EvalError as exc:  # checked above already; a race with an edit of the set
-                        errors = [str(exc)]
-                    else:
+                upload, chosen = form.cleaned_data["file"], form.cleaned_data["format"]
+                kind = chosen if chosen != "auto" else importing.file_kind(upload.name, upload.content_type)
+                try:
+                    lines = importing.read_file(importing.read_upload(upload), kind=kind)
+                except importing.Unreadable as exc:
+                    errors = [str(exc)]
+                else:
+                    added, bad = golden_items_import(golden_set=golden_set, items=lines)
+                    if added:
                         self.message_user(request, f"Imported {len(added)} item(s) into {golden_set.name} "
                                                    f"(positions {added[0].position} to {added[-1].position}).",
                                           messages.SUCCESS)
                         return self._back(golden_set)
+                    errors = [importing.line_text(entry) for entry in bad]
         else:
             form = ImportForm()
         context = {
             **self.admin_site.each_context(request), "opts": self.opts, "original": golden_set,
             "title": f"Import items into {golden_set.name}", "form": form,
             "errors": errors[:IMPORT_ERRORS_SHOWN], "errors_hidden": max(0, len(errors) - IMPORT_ERRORS_SHOWN),
-            "error_count": len(errors), "fields": IMPORT_FIELDS, "max_items": IMPORT_MAX_ITEMS,
+            "error_count": len(errors), "fields": importing.ITEM_KEYS, "max_items": importing.MAX_ITEMS,
         }
         return TemplateResponse(request, "admin/evals/goldenset/import.html", context)
 

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from django.db import transaction
+from django.db.models import Max
 
 from evals.conf import eval_settings
-from evals.models import EvalRun, GoldenItem, GoldenSet, Promotion
+from evals.models import EvalRun, GoldenItem, GoldenSet, Promotion, item_content_hash
 from evals.stats import Comparison, paired_comparison
 from workflows.models import Workflow, WorkflowVersion
+
+if TYPE_CHECKING:
+    from evals.importing import ImportLine
 
 
 class EvalError(ValueError):
@@ -262,3 +269,38 @@ def reevaluation_schedule_save(*, workspace, cron: str = "0 3 * * *", timezone_n
     return schedule_save(key="evals-reevaluate", workflow=REEVALUATE_WORKFLOW, namespace=workspace.namespace,
                          cron=cron, timezone_name=timezone_name, paused=paused, overlap="skip",
                          tags=["eval", "schedule"])
+
+
+# ------------------------------------------------------------------------------------------------ import
+
+def golden_items_import(*, golden_set: GoldenSet, items: Iterable[ImportLine],
+                        partial: bool = False) -> tuple[list[GoldenItem], list[dict]]:
+    """Append an import's items to `golden_set` after its last item, in line order, in one transaction.
+
+    `items` are read by `evals.importing` (`read_file`, `read_objects`), which checked each one (`item_errors`
+    and the length caps) and kept its problems: a line with errors is reported, never written. All or nothing:
+    a bad line writes nothing unless `partial`, which writes the good ones; no good line writes nothing either
+    way. Returns (the items written, {"line", "fields"} for each bad line). The set's row is locked while the
+    positions are taken, so two imports into one set do not interleave."""
+    items = list(items)
+    good = [item for item in items if not item.errors]
+    errors = [item.error_entry() for item in items if item.errors]
+    if not good or (errors and not partial):
+        return [], errors
+    rows = []
+    for item in good:
+        values = item.values
+        row = GoldenItem(golden_set=golden_set, input=values["input"],
+                         expected_output=values.get("expected_output") or "",
+                         scoring_criteria=values.get("scoring_criteria") or "", rubric=values.get("rubric") or [],
+                         tags=values.get("tags") or [], metadata=values.get("metadata") or {})
+        # bulk_create skips save(), which computes the hash
+        row.content_hash = item_content_hash(row.input, row.expected_output, row.scoring_criteria, row.rubric)
+        rows.append(row)
+    with transaction.atomic():
+        GoldenSet.objects.select_for_update().filter(pk=golden_set.pk).values_list("pk").first()
+        last = GoldenItem.objects.filter(golden_set=golden_set).aggregate(last=Max("position"))["last"] or 0
+        for position, row in enumerate(rows, start=last + 1):
+            row.position = position
+        created = GoldenItem.objects.bulk_create(rows, batch_size=1000)
+    return created, errors

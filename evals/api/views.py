@@ -4,14 +4,10 @@ missing ones, and naming them in a body or a filter is a 400 on that field."""
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Count, F, Max, ProtectedError
+from django.db.models import Count, F, ProtectedError
 from django_filters.utils import translate_validation
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
@@ -19,11 +15,10 @@ from rest_framework import exceptions, mixins, parsers, serializers, status, vie
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from evals import rewriter, services
+from evals import importing, rewriter, services
 from evals.api.filters import EvalRunFilter, GoldenItemFilter, GoldenResultFilter, GoldenSetFilter, PromotionFilter
 from evals.api.serializers import (
     GRADERS_GUIDE,
-    MAX_TEXT,
     CompareSerializer,
     EvalRunCancelSerializer,
     EvalRunDetailSerializer,
@@ -45,13 +40,9 @@ from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
 from workflows.models import Workflow, WorkflowVersion
 from workspaces.api.base import WorkspaceScopedMixin, WorkspaceScopedReadOnlyViewSet, WorkspaceScopedViewSet
 from workspaces.api.pagination import INVALID_CURSOR, IdCursorPagination
-from workspaces.api.parsers import NUL, NUL_MESSAGE, FormParser, JSONParser, MultiPartParser
+from workspaces.api.parsers import FormParser, JSONParser, MultiPartParser
 
 MAX_INT = 2**31 - 1
-IMPORT_MAX_BYTES = 5 * 1024 * 1024
-IMPORT_MAX_ITEMS = 5000
-IMPORT_KEYS = ("input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")
-MAX_JSON_DEPTH = 100
 ERRORS_IN_MESSAGE = 10
 
 
@@ -98,7 +89,7 @@ class _RawItemsParser(parsers.BaseParser):
     kind = ""
 
     def parse(self, stream, media_type=None, parser_context=None):
-        return {"upload": RawUpload(self.kind, stream.read(IMPORT_MAX_BYTES + 1), "")}
+        return {"upload": RawUpload(self.kind, stream.read(importing.MAX_BYTES + 1))}
 
 
 class JsonlParser(_RawItemsParser):
@@ -118,193 +109,8 @@ class CsvParser(_RawItemsParser):
 
 @dataclass
 class RawUpload:
-    kind: str  # "jsonl", "csv" or "" (decided from the content)
+    kind: str  # "jsonl" or "csv"
     content: bytes
-    name: str
-
-
-class Unreadable(Exception):
-    """The file as a whole cannot be read (its encoding, its CSV header): a 400 naming the file."""
-
-
-def _kind_of(upload) -> str:
-    name = (upload.name or "").lower()
-    content_type = (getattr(upload, "content_type", "") or "").lower()
-    if name.endswith(".csv") or content_type == "text/csv":
-        return "csv"
-    if name.endswith((".jsonl", ".ndjson")) or content_type in ("application/jsonl", "application/x-ndjson"):
-        return "jsonl"
-    return ""
-
-
-def decode(content: bytes) -> str:
-    """UTF-8 text (a byte-order mark is dropped); anything else is Unreadable with the line of the first bad byte."""
-    if content.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise Unreadable("The file is UTF-16 text; save it as UTF-8.")
-    try:
-        return content.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = content.count(b"\n", 0, exc.start) + 1
-        raise Unreadable(f"The file is not UTF-8 text: byte 0x{content[exc.start]:02x} on line {line} cannot be "
-                         "read; save it as UTF-8.") from None
-
-
-def _loads(text: str):
-    """JSON of untrusted text: no NaN or Infinity, no number out of range, no nesting a stack cannot take."""
-
-    def constant(name):
-        raise ValueError(f"{name} is not a JSON number")
-
-    def finite(text):
-        value = float(text)
-        if not math.isfinite(value):
-            raise ValueError(f"the number {text[:20]} is out of range")
-        return value
-
-    try:
-        return json.loads(text, parse_constant=constant, parse_float=finite)
-    except RecursionError:
-        raise ValueError(f"nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
-
-
-def _value_problem(value) -> str | None:
-    """What the database or the graders cannot take in a parsed JSON value: NULs, infinite numbers, depth."""
-    stack = [(value, 1)]
-    while stack:
-        current, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            return f"nested too deeply (more than {MAX_JSON_DEPTH} levels)"
-        if isinstance(current, str) and NUL in current:
-            return NUL_MESSAGE
-        if isinstance(current, float) and not math.isfinite(current):
-            return "numbers must be finite"
-        if isinstance(current, dict):
-            for key, item in current.items():
-                if NUL in str(key):
-                    return NUL_MESSAGE
-                stack.append((item, depth + 1))
-        elif isinstance(current, list):
-            stack.extend((item, depth + 1) for item in current)
-    return None
-
-
-def _name(key) -> str:
-    text = str(key).replace(NUL, "")[:100]
-    return text or "key"
-
-
-def clean_item(raw: dict, *, from_csv: bool) -> tuple[dict, dict[str, list[str]]]:
-    """An item's fields from a JSONL object or a CSV row, and what is wrong with them by column (empty when
-    nothing is). In CSV, rubric and metadata are JSON text, tags JSON or comma-separated, and an input that is
-    a JSON object ({...}) is that object; in JSONL a non-text expected output is kept as its JSON text."""
-    errors: dict[str, list[str]] = {}
-    values: dict = {}
-    for key, value in raw.items():
-        if key not in IMPORT_KEYS:
-            errors.setdefault(_name(key), []).append(f"unknown {'column' if from_csv else 'key'}; known: "
-                                                     f"{', '.join(IMPORT_KEYS)}")
-            continue
-        problem = _value_problem(value)
-        if problem:
-            errors.setdefault(key, []).append(problem)
-            continue
-        values[key] = value
-    if from_csv:
-        values = _from_cells(values, errors)
-    expected = values.get("expected_output")
-    if expected is None:
-        values["expected_output"] = ""
-    elif isinstance(expected, bool) or (not isinstance(expected, str) and not from_csv):
-        values["expected_output"] = json.dumps(expected, ensure_ascii=False)
-    tags = values.get("tags")
-    if isinstance(tags, str):
-        values["tags"] = [tag.strip() for tag in tags.split(",") if tag.strip()]
-    for key, limit in (("expected_output", MAX_TEXT), ("scoring_criteria", 20_000)):
-        if isinstance(values.get(key), str) and len(values[key]) > limit:
-            errors.setdefault(key, []).append(f"at most {limit:,} characters")
-    shape = services.item_errors(**{key: values.get(key) for key in IMPORT_KEYS})
-    for key, messages in shape.items():
-        if key not in errors:
-            errors[key] = messages
-    return values, errors
-
-
-def _from_cells(cells: dict, errors: dict) -> dict:
-    values: dict = {}
-    for key, cell in cells.items():
-        text = cell.strip() if key != "expected_output" else cell
-        if key in ("rubric", "metadata") or (key == "tags" and text.startswith("[")):
-            if not text:
-                continue
-            try:
-                values[key] = _loads(text)
-            except ValueError as exc:
-                errors.setdefault(key, []).append(f"is not valid JSON: {str(exc)[:200]}")
-            else:
-                problem = _value_problem(values[key])
-                if problem:
-                    errors.setdefault(key, []).append(problem)
-        elif key == "input" and text.startswith("{"):
-            try:
-                parsed = _loads(text)
-            except ValueError:
-                parsed = None
-            values[key] = parsed if isinstance(parsed, dict) and not _value_problem(parsed) else cell
-        else:
-            values[key] = cell
-    return values
-
-
-def read_jsonl(text: str):
-    """(line, raw object or None, errors) for each non-blank line."""
-    for number, line in enumerate(text.split("\n"), start=1):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            value = _loads(line)
-        except ValueError as exc:
-            yield number, None, {"line": [f"is not valid JSON: {str(exc)[:200]}"]}
-            continue
-        if not isinstance(value, dict):
-            yield number, None, {"line": ["must be a JSON object with an `input` key"]}
-            continue
-        yield number, value, {}
-
-
-def read_csv(text: str):
-    """(line, raw row as {column: cell} or None, errors) for each non-blank record after the header."""
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = next(reader, None)
-    except csv.Error as exc:
-        raise Unreadable(f"The CSV header cannot be read: {exc}.") from None
-    if not header or not any(cell.strip() for cell in header):
-        return
-    columns = [cell.strip().lower() for cell in header]
-    unknown = [_name(column) for column in columns if column not in IMPORT_KEYS]
-    if unknown or NUL in "".join(columns):
-        raise Unreadable(f"Unknown CSV column(s) {', '.join(repr(c) for c in unknown)}; the header names columns "
-                         f"among {', '.join(IMPORT_KEYS)}.")
-    duplicates = sorted({column for column in columns if columns.count(column) > 1})
-    if duplicates:
-        raise Unreadable(f"The CSV header repeats {', '.join(duplicates)}.")
-    if "input" not in columns:
-        raise Unreadable("The CSV header has no `input` column.")
-    while True:
-        start = reader.line_num + 1
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            raise Unreadable(f"Line {start} cannot be read as CSV: {exc}.") from None
-        if not row or not any(cell.strip() for cell in row):
-            continue
-        if len(row) != len(columns):
-            yield start, None, {"row": [f"has {len(row)} cells; the header has {len(columns)} columns"]}
-            continue
-        yield start, dict(zip(columns, row, strict=True)), {}
 
 
 # ----------------------------------------------------------------------------------------- golden sets
@@ -317,13 +123,15 @@ UTF-8 (a byte-order mark is fine).
 
 Keys (JSONL) or columns (CSV): `input` (required), `expected_output`, `scoring_criteria`, `rubric` (JSON: a list
 of {{"criterion", "max_points"}}), `tags` (a JSON list, or comma-separated names), `metadata` (a JSON object).
-In CSV, `input` is the cell's text, or the object when the cell is a JSON object. An unknown key or column is an
-error.
+In CSV, `input` is the cell's text, or the object when the cell starts with `{{` (then it must be a valid JSON
+object: send text starting with `{{` as JSONL). An unknown key or column is an error; `expected_output` holds at
+most {importing.MAX_EXPECTED_OUTPUT:,} characters, `scoring_criteria` {importing.MAX_CRITERIA:,}; JSON nested
+deeper than {importing.MAX_JSON_DEPTH} levels, NaN, Infinity and NUL characters are refused (evals/importing.py).
 
 All or nothing by default: any bad line refuses the whole file (400, nothing written) and each one is listed
 under `error.errors` as `{{"line": 3, "fields": {{"input": ["is required"]}}}}`. With `?partial=1` the good lines
-are written (201) and the bad ones reported in `errors`. Limits: {IMPORT_MAX_BYTES // (1024 * 1024)} MB and
-{IMPORT_MAX_ITEMS:,} items a file (413 past them). New items go after the set's last item, in line order."""
+are written (201) and the bad ones reported in `errors`. Limits: {importing.MAX_BYTES // (1024 * 1024)} MB and
+{importing.MAX_ITEMS:,} items a file (413 past them). New items go after the set's last item, in line order."""
 
 
 @extend_schema_view(
@@ -393,70 +201,39 @@ class GoldenSetViewSet(WorkspaceScopedViewSet):
     def import_items(self, request, pk=None):
         golden_set = self.get_object()  # a write: the object permission checks the caller's role
         partial = _partial(request)
-        field, from_csv, rows = self._import_rows(request)
-        good, bad = [], []
-        for line, raw, errors in rows:
-            if len(good) + len(bad) >= IMPORT_MAX_ITEMS:
-                raise TooLarge(f"The file has more than {IMPORT_MAX_ITEMS:,} items; split it.")
-            values = {}
-            if raw is not None:
-                values, more = clean_item(raw, from_csv=from_csv)
-                errors = {**errors, **more}
-            if errors:
-                bad.append({"line": line, "fields": errors})
-            else:
-                good.append(values)
-        if not good and not bad:
-            raise exceptions.ValidationError({field: ["The file has no items."]})
-        if (bad and not partial) or not good:
-            return _import_refused(field, bad)
-        with transaction.atomic():
-            GoldenSet.objects.select_for_update().filter(pk=golden_set.pk).values_list("pk").first()
-            last = GoldenItem.objects.filter(golden_set=golden_set).aggregate(last=Max("position"))["last"] or 0
-            try:
-                created = [services.golden_item_add(golden_set=golden_set, position=last + offset, **values).pk
-                           for offset, values in enumerate(good, start=1)]
-            except services.EvalError as exc:
-                raise _invalid(exc) from None
-        body = {"created": len(created), "items": created, "errors": bad,
+        field, lines = self._import_lines(request)
+        created, errors = services.golden_items_import(golden_set=golden_set, items=lines, partial=partial)
+        if not created:
+            return _import_refused(field, errors)
+        body = {"created": len(created), "items": [item.pk for item in created], "errors": errors,
                 "items_url": GoldenSetSerializer(golden_set, context=self.get_serializer_context()).get_items_url(
                     golden_set)}
         return Response(ImportResultSerializer(body).data, status=status.HTTP_201_CREATED)
 
-    def _import_rows(self, request):
-        """(the field errors are reported on: "file" or "items", whether the rows are CSV, rows): rows are
-        (line, raw dict or None, errors), read lazily so the item limit stops a long file early."""
+    def _import_lines(self, request) -> tuple[str, list[importing.ImportLine]]:
+        """(the field errors are reported on: "file" or "items", the items read by evals.importing); a file
+        that cannot be read as a whole is a 400 on that field, or a 413 past a limit."""
         data = request.data
         upload = data.get("upload") if isinstance(data, dict) else None
-        if isinstance(upload, RawUpload):
-            content, kind = upload.content, upload.kind
-        elif "file" in request.FILES:
-            file = request.FILES["file"]
-            if file.size > IMPORT_MAX_BYTES:
-                raise TooLarge(f"The file is {file.size:,} bytes, over the {IMPORT_MAX_BYTES:,}-byte limit.")
-            content, kind = file.read(IMPORT_MAX_BYTES + 1), _kind_of(file)
-        elif request.content_type.startswith("application/json"):
-            serializer = ImportRequestSerializer(data=data)
-            serializer.is_valid(raise_exception=True)
-            rows = [(number, item, {}) if isinstance(item, dict) else (number, None, {"line": ["must be a JSON "
-                                                                                                "object"]})
-                    for number, item in enumerate(serializer.validated_data["items"], start=1)]
-            return "items", False, rows
-        else:
-            raise exceptions.ValidationError({"file": ["Send a JSONL or CSV file: a multipart upload named `file`, "
-                                                       "or the body with the content type application/jsonl or "
-                                                       "text/csv."]})
-        if len(content) > IMPORT_MAX_BYTES:
-            raise TooLarge(f"The file is over the {IMPORT_MAX_BYTES:,}-byte limit.")
+        field = "file"
         try:
-            text = decode(content)
-        except Unreadable as exc:
-            raise exceptions.ValidationError({"file": [str(exc)]}) from None
-        if not kind:
-            kind = "jsonl" if text.lstrip().startswith("{") else "csv"
-        if kind == "jsonl":
-            return "file", False, read_jsonl(text)
-        return "file", True, _guarded(read_csv(text))
+            if isinstance(upload, RawUpload):
+                return field, importing.read_file(upload.content, kind=upload.kind)
+            if "file" in request.FILES:
+                file = request.FILES["file"]
+                kind = importing.file_kind(file.name, getattr(file, "content_type", ""))
+                return field, importing.read_file(importing.read_upload(file), kind=kind)
+            if request.content_type.startswith("application/json"):
+                field = "items"
+                serializer = ImportRequestSerializer(data=data)
+                serializer.is_valid(raise_exception=True)
+                return field, importing.read_objects(serializer.validated_data["items"])
+        except importing.TooLarge as exc:
+            raise TooLarge(str(exc)) from None
+        except importing.Unreadable as exc:
+            raise exceptions.ValidationError({field: [str(exc)]}) from None
+        raise exceptions.ValidationError({"file": ["Send a JSONL or CSV file: a multipart upload named `file`, or the "
+                                                   "body with the content type application/jsonl or text/csv."]})
 
     # -------------------------------------------------------------------------------------- compare
 
@@ -502,17 +279,8 @@ def _partial(request) -> bool:
         raise exceptions.ValidationError({"partial": ["Must be true or false (1 or 0)."]}) from None
 
 
-def _guarded(rows):
-    """read_csv's rows, with a CSV error met halfway through as a 400 on the file."""
-    try:
-        yield from rows
-    except Unreadable as exc:
-        raise exceptions.ValidationError({"file": [str(exc)]}) from None
-
-
 def _import_refused(field: str, bad: list[dict]) -> Response:
-    lines = [f"line {entry['line']}: " + "; ".join(f"{name}: {message}" for name, messages in entry["fields"].items()
-                                                    for message in messages) for entry in bad]
+    lines = [importing.line_text(entry) for entry in bad]
     more = f"; and {len(lines) - ERRORS_IN_MESSAGE} more" if len(lines) > ERRORS_IN_MESSAGE else ""
     message = (f"{len(bad)} line{'s' if len(bad) != 1 else ''} with errors, nothing was imported: "
                + "; ".join(lines[:ERRORS_IN_MESSAGE]) + more)
