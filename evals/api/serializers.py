@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from evals import graders as graders_module
+from evals import importing
 from evals.graders import GraderConfigError, validate_graders
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion, default_graders
 from evals.services import item_errors
@@ -14,7 +15,6 @@ from workflows.models import Workflow, WorkflowInvocation, WorkflowVersion
 from workspaces.api.base import WorkspaceField, member_workspace_ids
 
 MAX_INT = 2**31 - 1
-MAX_TEXT = 200_000  # the graders cut longer answers and expected outputs to this (evals/graders.py)
 USD = WorkflowInvocation._meta.get_field("usd_budget")
 
 
@@ -120,7 +120,7 @@ class GoldenSetSerializer(serializers.ModelSerializer):
 class ImportRequestSerializer(serializers.Serializer):
     """A JSON body of the import: the items as objects (each validated like a JSONL line)."""
 
-    items = serializers.ListField(child=serializers.JSONField(), max_length=5000,
+    items = serializers.ListField(child=serializers.JSONField(), max_length=importing.MAX_ITEMS,
                                   help_text="Item objects with the keys of a JSONL line; `line` in an error is the "
                                             "item's 1-based index.")
 
@@ -164,8 +164,9 @@ class GoldenItemSerializer(serializers.ModelSerializer):
     position = serializers.IntegerField(min_value=0, max_value=MAX_INT, required=False,
                                         help_text="Order in the set (default: after the last item).")
     input = serializers.JSONField(help_text="What the workflow is invoked with (any JSON; not empty).")
-    expected_output = _text(MAX_TEXT, help_text="The reference answer (a JSON answer as its JSON text).")
-    scoring_criteria = _text(20_000, help_text="What the LLM judge weighs besides the expected output.")
+    expected_output = _text(importing.MAX_EXPECTED_OUTPUT,
+                            help_text="The reference answer (a JSON answer as its JSON text).")
+    scoring_criteria = _text(importing.MAX_CRITERIA, help_text="What the LLM judge weighs besides the expected output.")
     rubric = serializers.JSONField(required=False, default=list,
                                    help_text='Criteria with points: [{"criterion": "...", "max_points": 2}, ...].')
     tags = serializers.JSONField(required=False, default=list,
