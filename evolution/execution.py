@@ -231,12 +231,12 @@ def breed(run_id: int, generation: int, parents: list[dict], count: int) -> list
 def reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None) -> dict | None:
     """Reflective mode's offspring of a frontier version: with `merge_with` a crossover of the two (they
     improved different items); otherwise the evals rewriter reading the parent's failing items (their
-    invocations, messages and grader rationales), falling back to a prompt mutation when it has nothing
-    new. None when nothing new comes out."""
+    invocations, messages and grader rationales), falling back to a prompt mutation, any mutation, then
+    an immigrant when it has nothing new. None when nothing new comes out."""
     from evals.rewriter import propose
     from evolution import operators
 
-    run = EvolutionRun.objects.select_related("workflow").get(pk=run_id)
+    run = EvolutionRun.objects.select_related("workflow", "base_version").get(pk=run_id)
     rng = generator(run.config["seed"], "reflect", iteration)
     versions = WorkflowVersion.objects.in_bulk([parent["version_id"]] + ([merge_with["version_id"]]
                                                                          if merge_with else []))
@@ -255,13 +255,15 @@ def reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None) 
             record = _write(run, offspring, [mother], iteration)
             if record["created"]:
                 return record
-    for _ in range(6):
-        child = operators.mutate(mother.dsl, rng, material=_material(run), kind="prompt")
+    # nothing new from the rewriter: a prompt mutation, then any mutation kind, then an immigrant
+    for kind in ["prompt"] * 6 + [None] * 6:
+        child = operators.mutate(mother.dsl, rng, material=_material(run), kind=kind)
         if child is not None:
             record = _write(run, child, [mother], iteration)
             if record["created"]:
                 return record
-    return None
+    record = _write(run, operators.immigrant(run.base_version.dsl, rng, material=_material(run)), [], iteration)
+    return record if record["created"] else None
 
 
 # ---------------------------------------------------------------------------------------------- records

@@ -65,36 +65,60 @@ def version_lookup(ref: str) -> WorkflowVersion:
 
 
 _LINEAGE_SQL = """
-WITH RECURSIVE lineage(id, depth) AS (
-    SELECT step.id, 1 FROM {table} AS start JOIN {table} AS step ON {join} WHERE start.id = %s
+WITH RECURSIVE lineage(id) AS (
+    SELECT step.id FROM {table} AS start JOIN {table} AS step ON {join} WHERE start.id = %s
     UNION
-    SELECT step.id, lineage.depth + 1 FROM lineage
+    SELECT step.id FROM lineage
     JOIN {table} AS start ON start.id = lineage.id
     JOIN {table} AS step ON {join}
-    WHERE lineage.depth < %s
 )
-SELECT id, min(depth) FROM lineage GROUP BY id ORDER BY min(depth), id
+SELECT version.id, version.parent1_id, version.parent2_id FROM {table} AS version
+WHERE version.id IN (SELECT id FROM lineage) OR version.id = %s
 """
 _UP = "step.id = start.parent1_id OR step.id = start.parent2_id"
 _DOWN = "step.parent1_id = start.id OR step.parent2_id = start.id"
 
 
-def _lineage(version_id: int, join: str, max_depth: int) -> list[tuple[int, int]]:
+def _lineage(version_id: int, join: str, max_depth: int, *, up: bool) -> list[tuple[int, int]]:
+    """One recursive query over version ids (UNION: each version is walked once, however many paths lead
+    to it, and crossovers make many), then each version's nearest distance by a breadth-first walk."""
+    from collections import deque
+
     from django.db import connection
 
     sql = _LINEAGE_SQL.format(table=WorkflowVersion._meta.db_table, join=join)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [version_id, max_depth])
-        return [(row[0], row[1]) for row in cursor.fetchall()]
+        cursor.execute(sql, [version_id, version_id])
+        rows = cursor.fetchall()
+    edges: dict[int, list[int]] = {}
+    for node, *parents in rows:
+        for parent in parents:
+            if parent is None:
+                continue
+            if up:
+                edges.setdefault(node, []).append(parent)
+            else:
+                edges.setdefault(parent, []).append(node)
+    depth: dict[int, int] = {}
+    queue = deque([(version_id, 0)])
+    while queue:
+        node, distance = queue.popleft()
+        if distance >= max_depth:
+            continue
+        for neighbour in edges.get(node, ()):
+            if neighbour not in depth and neighbour != version_id:
+                depth[neighbour] = distance + 1
+                queue.append((neighbour, distance + 1))
+    return sorted(depth.items(), key=lambda item: (item[1], item[0]))
 
 
 def version_ancestors(version: WorkflowVersion | int, *, max_depth: int = 10_000) -> list[tuple[int, int]]:
     """Every ancestor of a version through either parent, as (version id, generations back), nearest
     first: one recursive query."""
-    return _lineage(getattr(version, "pk", version), _UP, max_depth)
+    return _lineage(getattr(version, "pk", version), _UP, max_depth, up=True)
 
 
 def version_descendants(version: WorkflowVersion | int, *, max_depth: int = 10_000) -> list[tuple[int, int]]:
     """Every descendant of a version (children through either parent, theirs, ...), as (version id,
     generations down), nearest first: one recursive query."""
-    return _lineage(getattr(version, "pk", version), _DOWN, max_depth)
+    return _lineage(getattr(version, "pk", version), _DOWN, max_depth, up=False)
