@@ -11,6 +11,7 @@ api_patterns = [
     path("", include("knowledge.api.urls")),
     path("", include("workflows.api.urls")),
     path("", include("evals.api.urls")),
+    path("", include("evolution.api.urls")),
 ]
 
 urlpatterns = [

@@ -44,6 +44,7 @@ def make_world(workspace, user):
                   input={"note": marker}, every_seconds=3600)
     version = make_workflow_world(workspace, user, marker)
     make_evals_world(workspace, user, marker, version)
+    make_evolution_world(workspace, user, marker, version)
     return marker
 
 
@@ -91,6 +92,36 @@ def make_evals_world(workspace, user, marker, version):
                              action=Promotion.Action.PROMOTE, evidence={"first_version": True, "note": marker},
                              decided_by=user)
 
+
+def make_evolution_world(workspace, user, marker, version):
+    """An evolution run of the workflow from `version` (its durable run left pending: no worker runs it) on a golden
+    set of its own, with generation 0 written as the run writes it: the base and a prompt mutant of it, each an
+    individual (the base with the evals world's eval run), the mutant the best so far."""
+    from evals.models import EvalRun
+    from evals.services import golden_item_add, golden_set_create
+    from evolution.models import EvolutionRun, Generation, Individual
+    from evolution.services import evolution_start
+    from workflows.services import workflow_version_create
+
+    golden = golden_set_create(workspace=workspace, name=f"evolution-{workspace.slug}", workflow=version.workflow,
+                               description=f"Evolution golden {marker}", graders=[{"kind": "contains"}],
+                               created_by=user)
+    golden_item_add(golden_set=golden, input={"text": f"Evolve {marker}"}, expected_output=f"Evolved {marker}")
+    run = evolution_start(workflow=version.workflow, golden_set=golden, base_version=version, goal=f"Goal {marker}",
+                          config={"population": 3, "generations": 1, "seed": 1}, user=user)
+    mutant, _ = workflow_version_create(workflow=version.workflow, operation="mutation", parents=(version,),
+                                        generation=0, commit_message=f"Mutant {marker}", created_by=user, dsl={
+        "entryNodeId": "solo", "nodes": [{"nodeId": "solo", "systemPrompt": f"Answer {marker} in one sentence.",
+                                          "gatewayModelId": "offline-directive-v1", "handOffs": ["end"]}]})
+    generation = Generation.objects.create(evolution_run=run, number=0, best_workflow_version=mutant, stats={
+        "best": 60.0, "avg": 55.0, "worst": 50.0, "stddev": 5.0, "improvement": None, "members": 2, "note": marker})
+    Individual.objects.create(evolution_run=run, generation=generation, workflow_version=version, kind="base",
+                              eval_run=EvalRun.objects.filter(workflow_version=version).first(),
+                              note=f"Base {marker}", fitness=50.0, avg_score=0.5, survived=True)
+    Individual.objects.create(evolution_run=run, generation=generation, workflow_version=mutant, kind="prompt",
+                              note=f"Mutant {marker}", fitness=60.0, avg_score=0.6, survived=True)
+    EvolutionRun.objects.filter(pk=run.pk).update(best_version=mutant, base_fitness=50.0, best_fitness=60.0,
+                                                  generations_done=1, evaluations=2)
 
 
 @pytest.fixture
