@@ -13,6 +13,7 @@ class WorkflowSettings:
     context_inline_chars: int  # a tool output longer than this goes to the context store; the node sees a summary
     summary_chars: int  # characters of a stored output the node (and a node invocation's summary) shows
     llm_cache_enabled: bool  # the Postgres cache of identical temperature-0 calls (LlmCall)
+    max_tool_calls: int  # tool calls one model answer may ask for (more fails the node before any runs)
 
 
 def workflow_settings() -> WorkflowSettings:
@@ -22,4 +23,5 @@ def workflow_settings() -> WorkflowSettings:
         context_inline_chars=int(getattr(settings, "WORKFLOW_CONTEXT_INLINE_CHARS", 4000)),
         summary_chars=int(getattr(settings, "WORKFLOW_SUMMARY_CHARS", 600)),
         llm_cache_enabled=bool(getattr(settings, "LLM_CACHE_ENABLED", True)),
+        max_tool_calls=int(getattr(settings, "WORKFLOW_MAX_TOOL_CALLS", 16)),
     )

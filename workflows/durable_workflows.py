@@ -17,11 +17,15 @@ hand-offs decide what runs next, until no node is left to run.
   invocation with the comment.
 - Budgets: at most `node_budget` node invocations (default 14, which bounds cycles) and
   `usd_budget` USD of model calls; exceeding either fails the invocation with that reason.
-  Parallel branches each start with what was left at the fan-out and are added up at the join.
+  Parallel branches each get an equal share of what was left at the fan-out (so a fan overshoots
+  by at most one call per branch), added up at the join. An answer asking for more tool calls
+  than WORKFLOW_MAX_TOOL_CALLS fails the node before any runs. A join whose inputs never all
+  arrive (a router took another branch) fails the invocation naming what it waited for.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import deque
 from decimal import Decimal
@@ -30,6 +34,7 @@ from durable import workflow
 from durable.engine import Child, StepFailed
 from llm.chat import ChatResponse
 from workflows import execution
+from workflows.conf import workflow_settings
 from workflows.dsl import END
 
 INVOKE_WORKFLOW = "workflows.invoke"
@@ -73,7 +78,9 @@ def invoke(ctx, input: dict) -> dict:
 def run_branch(ctx, input: dict) -> dict:
     """One node of a parallel hand-off, run as a child of the invocation's run. Input: {"plan",
     "node_id", "seq", "inbox", "spent"}; output: the node's result (see NodeRun.run)."""
-    return NodeRun(ctx, input["plan"], Decimal(input["spent"])).run(input["node_id"], input["seq"], input["inbox"])
+    budget = Decimal(input["budget"]) if "budget" in input else None
+    return NodeRun(ctx, input["plan"], Decimal(input["spent"]), usd_budget=budget).run(
+        input["node_id"], input["seq"], input["inbox"])
 
 
 def describe(exc: BaseException) -> str:
@@ -116,9 +123,12 @@ class GraphRun:
                 (node_id, inbox), seq = group[0], seqs[0]
                 results = [NodeRun(self.ctx, self.plan, self.spent).run(node_id, seq, inbox)]
             else:
+                # each branch may spend its share of what is left, so the fan cannot overspend by its width
+                share = (self.usd_budget - self.spent) / len(group)
                 results = self.ctx.all([
                     Child(NODE_WORKFLOW, {"plan": self.plan, "node_id": node_id, "seq": seq, "inbox": inbox,
-                                          "spent": f"{self.spent:f}"}, name=f"node:{seq}:{node_id}")
+                                          "spent": f"{self.spent:f}", "budget": f"{self.spent + share:f}"},
+                          name=f"node:{seq}:{node_id}")
                     for (node_id, inbox), seq in zip(group, seqs, strict=True)
                 ], mode="fail_fast")
             for result in results:
@@ -128,6 +138,11 @@ class GraphRun:
             for result in results:
                 last = result
                 self._hand_off(result, queue, boxes, finished)
+        if boxes:  # a join some of whose inputs never came (a router took another branch): not an end
+            target, box = next(iter(boxes.items()))
+            missing = [name for name in self.nodes[target]["waitFor"] if name not in box]
+            raise InvocationFailed(f"node {target} waits for {', '.join(missing)}, which never handed off to it "
+                                   f"(it got {', '.join(box)})")
         final = finished[-1] if finished else last
         output = {"text": final["output"], "node_id": final["node_id"]}
         parsed = _json_object(final["output"])
@@ -166,12 +181,12 @@ class GraphRun:
 class NodeRun:
     """One node invocation: the agent loop, the approval gate and the routing choice."""
 
-    def __init__(self, ctx, plan: dict, spent: Decimal):
+    def __init__(self, ctx, plan: dict, spent: Decimal, *, usd_budget: Decimal | None = None):
         self.ctx = ctx
         self.plan = plan
         self.invocation_id = plan["invocation_id"]
         self.workspace_id = plan["workspace_id"]
-        self.usd_budget = Decimal(plan["usd_budget"])
+        self.usd_budget = usd_budget if usd_budget is not None else Decimal(plan["usd_budget"])
         self.spent_before = spent
         self.usage = {"usd_cost": Decimal(0), "input_tokens": 0, "output_tokens": 0, "llm_calls": 0,
                       "cache_hits": 0, "tool_calls": 0}
@@ -247,12 +262,16 @@ class NodeRun:
             output = response.content
             if not response.tool_calls or not offered:
                 break
+            limit = min(workflow_settings().max_tool_calls, execution.MESSAGES_PER_NODE - offset - 2)
+            if len(response.tool_calls) > limit:
+                raise InvocationFailed(f"node {node['nodeId']}: the model asked for {len(response.tool_calls)} tool "
+                                       f"calls in one answer; at most {limit} run (WORKFLOW_MAX_TOOL_CALLS)")
             for index, call in enumerate(response.tool_calls):
                 call_dict = {"id": call.id, "name": call.name, "arguments": call.arguments,
                              "raw": getattr(call, "raw", "")}
                 result = self.ctx.step(f"node:{seq}:tool:{round_}.{index}", execution.tool_call, self.workspace_id,
-                                       self.invocation_id, started["id"], seq, offset, call_dict,
-                                       bindings.get(call.name), self.plan["user_id"])
+                                       self.invocation_id, started["id"], seq, offset, f"{round_}.{index}",
+                                       call_dict, bindings.get(call.name), self.plan["user_id"])
                 offset += 1
                 self.usage["tool_calls"] += 1
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result["content"]})
@@ -262,10 +281,13 @@ class NodeRun:
         signal = f"approval:{seq}"
         self.ctx.step(f"node:{seq}:await", execution.node_await_approval, self.invocation_id, seq, self.ctx.run_id,
                       signal, output)
-        decision = self.ctx.wait_for_signal(signal)
-        if not isinstance(decision, dict):
-            decision = {"decision": "reject", "comment": f"unreadable decision {decision!r}"}
-        self.ctx.step(f"node:{seq}:decision", execution.node_record_approval, self.invocation_id, seq, decision)
+        # only a decision invocation_decide registered counts; any other signal is ignored and the node waits on
+        for attempt in itertools.count():
+            self.ctx.wait_for_signal(signal)
+            decision = self.ctx.step(f"node:{seq}:decision:{attempt}", execution.node_record_approval,
+                                     self.invocation_id, seq)
+            if decision is not None:
+                break
         if decision.get("decision") != "approve":
             who = decision.get("by_name") or "an operator"
             comment = decision.get("comment") or "no comment"

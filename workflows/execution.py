@@ -93,8 +93,9 @@ def invocation_begin(invocation_id: int, namespace: str, run_id: str) -> dict:
 def invocation_finish(invocation_id: int, output: dict) -> None:
     with transaction.atomic():
         _update_totals(invocation_id)
-        WorkflowInvocation.objects.filter(pk=invocation_id).exclude(status__in=WorkflowInvocation.TERMINAL).update(
-            status=WorkflowInvocation.Status.COMPLETED, output=output, ended_at=now(), updated_at=now())
+        # also from failed or cancelled: an operator retried the run, and the run is what happened
+        WorkflowInvocation.objects.filter(pk=invocation_id).exclude(status=WorkflowInvocation.Status.COMPLETED).update(
+            status=WorkflowInvocation.Status.COMPLETED, output=output, error="", ended_at=now(), updated_at=now())
 
 
 def invocation_fail(invocation_id: int, error: str, status: str = WorkflowInvocation.Status.FAILED,
@@ -204,6 +205,11 @@ def node_finish(invocation_id: int, seq: int, fields: dict) -> None:
 def node_await_approval(invocation_id: int, seq: int, run_id: str, signal: str, output: str) -> None:
     """Mark the node (and the invocation) waiting for an operator's decision on `signal`."""
     with transaction.atomic():
+        # the invocation's row lock orders this against a cancel (invocation_fail takes it first)
+        status = WorkflowInvocation.objects.select_for_update().filter(pk=invocation_id) \
+            .values_list("status", flat=True).first()
+        if status in WorkflowInvocation.TERMINAL:
+            raise InvocationEnded(f"the invocation is {status}")
         NodeInvocation.objects.filter(workflow_invocation_id=invocation_id, seq=seq).update(
             status=NodeInvocation.Status.WAITING, output=output,
             approval={"pending": True, "run_id": run_id, "signal": signal})
@@ -211,30 +217,78 @@ def node_await_approval(invocation_id: int, seq: int, run_id: str, signal: str, 
             status=WorkflowInvocation.Status.WAITING, updated_at=now())
 
 
-def node_record_approval(invocation_id: int, seq: int, decision: dict) -> None:
+def node_record_approval(invocation_id: int, seq: int) -> dict | None:
+    """Record the decision invocation_decide registered on the node (its `approval["sent"]`, written
+    under the node's lock with the signal). A signal sent any other way (the durable runs API takes
+    any payload) carries no registered decision: None, nothing written, and the node keeps waiting."""
     with transaction.atomic():
-        NodeInvocation.objects.filter(workflow_invocation_id=invocation_id, seq=seq).update(
-            status=NodeInvocation.Status.RUNNING, approval={**decision, "pending": False})
+        node = NodeInvocation.objects.select_for_update().filter(workflow_invocation_id=invocation_id, seq=seq).first()
+        sent = (node.approval or {}).get("sent") if node is not None else None
+        if not sent:
+            return None
+        node.status = NodeInvocation.Status.RUNNING
+        node.approval = {**sent, "pending": False}
+        node.save(update_fields=["status", "approval"])
         if not NodeInvocation.objects.filter(workflow_invocation_id=invocation_id,
                                              status=NodeInvocation.Status.WAITING).exists():
             WorkflowInvocation.objects.filter(pk=invocation_id, status=WorkflowInvocation.Status.WAITING).update(
                 status=WorkflowInvocation.Status.RUNNING, updated_at=now())
+    return sent
 
 
 # -------------------------------------------------------------------------------------- model calls
+
+class InvocationEnded(Exception):
+    """The invocation ended (cancelled, failed) while its run was still turning: nothing more is paid."""
+
+
+def _refuse_if_ended(invocation_id: int) -> None:
+    status = WorkflowInvocation.objects.filter(pk=invocation_id).values_list("status", flat=True).first()
+    if status in WorkflowInvocation.TERMINAL:
+        raise InvocationEnded(f"the invocation is {status}")
+
+
+class _PutAfterTranscript:
+    """The LLM cache, with its write held back until the transcript holds the answer: a worker that
+    dies in between leaves no cache entry a redo could mistake for a free hit."""
+
+    def __init__(self, cache: ChatCache):
+        self.cache, self.pending = cache, None
+
+    def get(self, key: str):
+        return self.cache.get(key)
+
+    def put(self, key, request, response) -> None:
+        self.pending = (key, request, response)
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            self.cache.put(*self.pending)
+
 
 def llm_call(workspace_id: int, invocation_id: int, node_invocation_id: int, node_seq: int, offset: int,
              new_messages: list[dict], request: dict) -> dict:
     """One chat call of a node (through the cache when it is on), and its messages: the request's
     new messages (the system prompt and user turn on the first round, tool results after) then
-    the answer. Returns {"response": ChatResponse.as_dict(), "cache_hit": bool, "offset": next}."""
+    the answer. Returns {"response": ChatResponse.as_dict(), "cache_hit": bool, "offset": next}.
+
+    A step may run again after its worker died past this point: an answer already in the transcript
+    at its place is the answer (not paid again, nor counted as a cache hit); an invocation that has
+    ended pays for nothing more."""
+    answer_seq = message_seq(node_seq, offset + len(new_messages))
+    recorded = Message.objects.filter(workflow_invocation_id=invocation_id, seq=answer_seq,
+                                      role=Message.Role.ASSISTANT).values_list("payload", flat=True).first()
+    if recorded and "response" in recorded:
+        return {"response": recorded["response"], "cache_hit": bool(recorded.get("cache_hit")),
+                "offset": offset + len(new_messages) + 1, "elapsed_ms": recorded.get("latency_ms", 0)}
+    _refuse_if_ended(invocation_id)
     chat_request = ChatRequest(
         model=request["model"], messages=request["messages"],
         tools=tuple(ToolSpec(**tool) for tool in request.get("tools", ())),
         response_format=request.get("response_format"), temperature=request.get("temperature", 0.0),
         max_tokens=request.get("max_tokens"),
     )
-    cache = ChatCache(workspace_id) if workflow_settings().llm_cache_enabled else None
+    cache = _PutAfterTranscript(ChatCache(workspace_id)) if workflow_settings().llm_cache_enabled else None
     started = time.perf_counter()
     response, hit = chat(chat_request, cache=cache)
     elapsed_ms = (time.perf_counter() - started) * 1000
@@ -248,9 +302,12 @@ def llm_call(workspace_id: int, invocation_id: int, node_invocation_id: int, nod
         seq=message_seq(node_seq, offset), role=Message.Role.ASSISTANT,
         payload={"content": response.content, "tool_calls": answer.get("tool_calls", []),
                  "model": response.usage.model, "usage": response.usage.as_dict(), "cache_hit": hit,
-                 "latency_ms": round(elapsed_ms, 2), "purpose": request.get("purpose", "answer")},
+                 "latency_ms": round(elapsed_ms, 2), "purpose": request.get("purpose", "answer"),
+                 "response": answer},
     ))
     Message.objects.bulk_create(rows, ignore_conflicts=True)
+    if cache is not None:
+        cache.flush()
     return {"response": answer, "cache_hit": hit, "offset": offset + 1, "elapsed_ms": round(elapsed_ms, 3)}
 
 
@@ -264,11 +321,19 @@ def _conversation_message(invocation_id, node_invocation_id, node_seq, offset, m
 
 
 def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, node_seq: int, offset: int,
-              call: dict, binding: dict | None, user_id: int | None) -> dict:
-    """Run one tool call and write its message. A large output goes to the context store (the model
-    reads its beginning and key). Returns {"content": what the model reads, "error": bool,
-    "context_key": key or None}."""
-    result = _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call, binding, user_id)
+              call_key: str, call: dict, binding: dict | None, user_id: int | None) -> dict:
+    """Run one tool call and write its message. A large output goes to the context store under
+    `node-<seq>-<call_key>` (the runner's round and index: a model's own call ids repeat and may hold
+    any characters), and the model reads its beginning and key. A result already in the transcript
+    at this place (the worker died before the checkpoint) is the result: the tool does not run twice.
+    Returns {"content": what the model reads, "error": bool, "context_key": key or None}."""
+    recorded = Message.objects.filter(workflow_invocation_id=invocation_id, seq=message_seq(node_seq, offset),
+                                      role=Message.Role.TOOL).values_list("payload", flat=True).first()
+    if recorded is not None:
+        return {"content": recorded["content"], "error": recorded["error"], "context_key": recorded["context_key"]}
+    _refuse_if_ended(invocation_id)
+    result = _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call_key, call, binding, user_id)
+    result["content"] = clean_text(result["content"])
     Message.objects.bulk_create([Message(
         workflow_invocation_id=invocation_id, node_invocation_id=node_invocation_id,
         seq=message_seq(node_seq, offset), role=Message.Role.TOOL,
@@ -279,7 +344,17 @@ def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, no
     return result
 
 
-def _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call, binding, user_id) -> dict:
+def clean_text(text: str) -> str:
+    """Text Postgres can store: NUL removed, unpaired surrogates replaced (tools echo binary data)."""
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+    if any("\ud800" <= c <= "\udfff" for c in text):
+        text = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
+    return text
+
+
+def _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call_key, call, binding,
+                 user_id) -> dict:
     if binding is None:
         return {"content": f"error: there is no tool named {call['name']!r}", "error": True, "context_key": None}
     if call.get("raw") and not call.get("arguments") and not _is_json_object(call["raw"]):
@@ -293,8 +368,9 @@ def _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call
     conf = workflow_settings()
     if len(text) <= conf.context_inline_chars:
         return {"content": text, "error": error, "context_key": None}
-    key = f"node-{node_seq}-{call['id']}"[:200]
-    entry = context_store(invocation_id, node_invocation_id, key=key, data=text, content_type=outcome.content_type,
+    key = f"node-{node_seq}-{call_key}"
+    entry = context_store(invocation_id, node_invocation_id, key=key, data=clean_text(text),
+                          content_type=outcome.content_type,
                           metadata={"tool": binding["name"], "arguments": call.get("arguments") or {}})
     summary = entry.summary
     content = (f"{summary}\n\n[output of {len(text):,} characters stored in the context store under the key "

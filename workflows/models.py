@@ -355,6 +355,24 @@ class McpServer(models.Model):
     def __str__(self) -> str:
         return self.slug
 
+    def save(self, *args, **kwargs):
+        """Moving the server to another host sets its users' configs aside (disabled): their secret
+        headers must not follow a URL someone else changed. Each user re-enables theirs after checking
+        the new address."""
+        moved = False
+        if self.pk is not None:
+            before = McpServer.objects.filter(pk=self.pk).values_list("url", flat=True).first()
+            moved = before is not None and _host(before) != _host(self.url)
+        super().save(*args, **kwargs)
+        if moved:
+            UserServerConfig.objects.filter(server=self, enabled=True).update(enabled=False)
+
+
+def _host(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url or "").netloc.lower()
+
 
 class McpServerVersion(models.Model):
     """What a sync found on a server: its reported version, capabilities and tools. A sync that

@@ -7,6 +7,7 @@ WORKFLOW_NODE_BUDGET = env_int("WORKFLOW_NODE_BUDGET", 14, minimum=1, maximum=10
 WORKFLOW_USD_BUDGET = env_float("WORKFLOW_USD_BUDGET", 1.0, minimum=0.000001)
 WORKFLOW_CONTEXT_INLINE_CHARS = env_int("WORKFLOW_CONTEXT_INLINE_CHARS", 4000, minimum=100)
 WORKFLOW_SUMMARY_CHARS = env_int("WORKFLOW_SUMMARY_CHARS", 600, minimum=50)
+WORKFLOW_MAX_TOOL_CALLS = env_int("WORKFLOW_MAX_TOOL_CALLS", 16, minimum=1, maximum=1000)
 # private networks a registered MCP server may be reached on, e.g. "10.20.0.0/16"; empty: public addresses only
 MCP_ALLOWED_NETWORKS = env_list("MCP_ALLOWED_NETWORKS", [])
 

@@ -92,8 +92,6 @@ def _in_process(settings, tmp_path):
 # ------------------------------------------------------------------------------------ crash windows
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a model call repeated after a crash is recorded as a "
-                                       "free cache hit, so the paid call's cost disappears from the totals")
 @pytest.mark.django_db
 def test_a_model_call_repeated_after_a_crash_is_not_recorded_as_a_free_cache_hit(
         make_version, invoke, settle, settings, monkeypatch):
@@ -114,8 +112,6 @@ def test_a_model_call_repeated_after_a_crash_is_not_recorded_as_a_free_cache_hit
     assert (invocation.usd_cost, invocation.input_tokens) == (baseline.usd_cost, baseline.input_tokens)
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: after a crash the transcript keeps the first answer "
-                                       "while the node goes on with the redo's answer")
 @pytest.mark.django_db
 def test_after_a_crash_the_recorded_answer_is_the_answer_the_node_used(
         chat_server, make_version, settings, monkeypatch):
@@ -133,8 +129,6 @@ def test_after_a_crash_the_recorded_answer_is_the_answer_the_node_used(
     assert shown == ran.output == invocation.output["text"]
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a tool call whose result was recorded runs again "
-                                       "after a crash (an MCP side effect happens twice)")
 @pytest.mark.django_db
 def test_a_tool_call_recorded_before_a_crash_is_not_run_again(chat_server, make_version, skills, monkeypatch):
     """The worker dies after a tool call ran and its result message was written, before the step's
@@ -157,8 +151,6 @@ def test_a_tool_call_recorded_before_a_crash_is_not_run_again(chat_server, make_
     assert len(ran) == 1, f"the tool ran {len(ran)} times"
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a cancel landing during a node's model call leaves the "
-                                       "node waiting for an approval nobody can give on the cancelled invocation")
 @pytest.mark.django_db
 def test_a_cancel_that_lands_during_a_model_call_leaves_no_node_waiting(make_version, monkeypatch):
     """An operator cancels while a worker waits for a node's model call. The turn goes on with its
@@ -183,8 +175,6 @@ def test_a_cancel_that_lands_during_a_model_call_leaves_no_node_waiting(make_ver
     assert [(n.node_id, n.status) for n in nodes_of(invocation) if n.status in ("running", "waiting")] == []
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: retrying an ended invocation's durable run completes "
-                                       "the run while the invocation stays failed")
 @pytest.mark.django_db
 def test_retrying_the_run_of_a_failed_invocation_keeps_run_and_invocation_in_step(chat_server, make_version):
     """The durable API and admin offer `retry` (without new input) on any failed run, so on an
@@ -211,8 +201,6 @@ def test_retrying_the_run_of_a_failed_invocation_keeps_run_and_invocation_in_ste
 # ------------------------------------------------------------------------------------------- the graph
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a waitFor join that can never fire is dropped and the "
-                                       "invocation completes with a non-final node's output")
 @pytest.mark.django_db
 def test_a_join_waiting_for_a_branch_the_router_did_not_take_is_not_silently_dropped(make_version, invoke):
     """A conditional router takes one of two branches; both hand off to a join that waits for both.
@@ -233,8 +221,6 @@ def test_a_join_waiting_for_a_branch_the_router_did_not_take_is_not_silently_dro
         (invocation.status, ran, invocation.output)
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: each parallel branch may spend all that was left at the "
-                                       "fan-out, so a fan of N overspends the USD budget about N times")
 @pytest.mark.django_db
 def test_a_parallel_fan_cannot_spend_a_multiple_of_the_usd_budget(chat_server, make_version, invoke, settings):
     """$1 a model call, a $10 budget. The split node spends $1; four branches then each start with
@@ -274,8 +260,6 @@ def test_a_node_never_answers_with_the_hand_off_header(make_version, invoke):
 # ------------------------------------------------------------------------------------------ tool calls
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: the context store is keyed by the model's tool call id, "
-                                       "so a reused id reads back an earlier call's output")
 @pytest.mark.django_db
 def test_tool_call_ids_reused_across_rounds_keep_their_own_large_outputs(
         chat_server, make_version, invoke, skills, settings):
@@ -300,8 +284,6 @@ def test_tool_call_ids_reused_across_rounds_keep_their_own_large_outputs(
     assert "Body of the beta skill" in third_request[-1]["content"]
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a tool call id with path characters fails the "
-                                       "invocation when its output goes to the context store")
 @pytest.mark.django_db
 def test_a_tool_call_id_with_path_characters_does_not_fail_the_invocation(
         chat_server, make_version, invoke, skills, settings):
@@ -316,8 +298,6 @@ def test_a_tool_call_id_with_path_characters_does_not_fail_the_invocation(
     assert ContextEntry.objects.filter(workflow_invocation=invocation).count() == 1
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: an answer with more tool calls than a node can record "
-                                       "runs them one by one until the message numbering overflows")
 @pytest.mark.django_db
 def test_an_answer_with_more_tool_calls_than_a_node_can_record_runs_none_of_them(
         chat_server, make_version, invoke, skills, monkeypatch):
@@ -362,8 +342,6 @@ def test_a_model_answer_with_characters_postgres_refuses_does_not_fail_the_invoc
 # ------------------------------------------------------------------------------------------ approvals
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: the runner trusts the approval signal's payload, so a "
-                                       "signal sent through the durable runs API forges the approver")
 @pytest.mark.django_db
 def test_an_approval_sent_around_invocation_decide_cannot_forge_the_approver(make_version, settle, owner, member,
                                                                             api_as):
@@ -388,8 +366,6 @@ def test_an_approval_sent_around_invocation_decide_cannot_forge_the_approver(mak
 # ----------------------------------------------------------------------------------------- MCP secrets
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: any staff member of the workspace can point a server at "
-                                       "another host, and every user's secret headers follow it there")
 @pytest.mark.django_db
 def test_moving_a_server_to_another_host_does_not_send_other_users_secrets_there(workspace):
     """A colleague saved an Authorization header for the workspace's `search` server. Another staff
