@@ -47,15 +47,21 @@ def evolution_config(overrides: dict | None) -> tuple[dict, dict[str, list[str]]
     from evolution.operators import MUTATION_WEIGHTS
 
     config, errors = dict(DEFAULTS), {}
-    for key, value in (overrides or {}).items():
+    if overrides is not None and not isinstance(overrides, dict):
+        return config, {"config": ["must be an object of settings"]}
+    overrides = overrides or {}
+    if "elites" not in overrides and isinstance(overrides.get("population"), int):
+        config["elites"] = max(0, min(DEFAULTS["elites"], overrides["population"] - 1))  # a population of 2 works
+    for key, value in overrides.items():
         if key not in DEFAULTS:
             errors[f"config.{key}"] = ["is not a setting of an evolution run"]
             continue
         if key == "mutation_weights":
             if value is not None and (not isinstance(value, dict) or not value or any(
-                    k not in MUTATION_WEIGHTS or isinstance(v, bool) or not isinstance(v, int | float) or v < 0
-                    for k, v in value.items()) or not sum(value.values())):
-                errors["config.mutation_weights"] = [f"must map some of {', '.join(MUTATION_WEIGHTS)} to weights >= 0"]
+                    k not in MUTATION_WEIGHTS or isinstance(v, bool) or not isinstance(v, int | float)
+                    or not 0 <= v <= 1000 for k, v in value.items()) or not sum(value.values())):
+                errors["config.mutation_weights"] = [f"must map some of {', '.join(MUTATION_WEIGHTS)} to weights "
+                                                    "from 0 to 1000, not all 0"]
                 continue
             config[key] = value
             continue

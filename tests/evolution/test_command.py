@@ -31,5 +31,5 @@ def test_evolve_shows_each_generation_and_the_lineage_of_the_best(facts, support
 def test_evolve_refuses_clearly(support_set, support_base):
     with pytest.raises(CommandError, match="no workflow 'nope'"):
         run("nope", "--golden-set", "support")
-    with pytest.raises(CommandError, match="config.population: must be from 2 to 100"):
+    with pytest.raises(CommandError, match=r"config\.population: must be from 2 to 100"):
         run("support", "--golden-set", "support", "--population", "1")

@@ -142,3 +142,12 @@ def test_an_evolution_is_refused_with_reasons(support_set, support_base, workspa
         evolution_start(workflow=lacking.workflow, golden_set=support_set)
     assert "base_version.tools" in refused.value.errors
     assert not EvolutionRun.objects.exists() and WorkflowVersion.objects.filter(generation__isnull=False).count() == 0
+
+
+def test_configuration_edges():
+    from evolution.conf import evolution_config
+
+    assert evolution_config({"population": 2})[1] == {}  # elites default to fit the population
+    assert evolution_config([1])[1] == {"config": ["must be an object of settings"]}
+    assert "config.mutation_weights" in evolution_config({"mutation_weights": {"model": 1e308, "prompt": 1e308}})[1]
+    assert "config.mutation_weights" in evolution_config({"mutation_weights": {"model": 0}})[1]
