@@ -26,8 +26,22 @@ def now() -> datetime:
 
 
 def reuse_key(version_id: int, item_hash: str, graders_digest: str) -> str:
-    """What a result depends on: the version (its genome), the item's contents and the graders."""
+    """What a result depends on: the version (its genome), the item's contents and the grading."""
     return hashlib.sha256(f"{version_id}:{item_hash}:{graders_digest}".encode()).hexdigest()
+
+
+def grading_digest(graders: list[dict], judge_model: str | None) -> str:
+    """The graders and who judges: the judge's model as this installation resolves it (the offline
+    fallback when the offline provider answers), so a result graded by another judge is not reused."""
+    from evals.graders import graders_hash
+    from llm.chat import ChatError, resolve_model
+
+    try:
+        resolved = resolve_model(judge_model) if judge_model else None
+        judge = f"{resolved.provider}:{resolved.model}" if resolved else "-"
+    except ChatError:
+        judge = f"unresolved:{judge_model}"
+    return f"{graders_hash(graders)}:{judge}"
 
 
 def output_text(output) -> str:
@@ -41,8 +55,6 @@ def output_text(output) -> str:
 
 def eval_begin(eval_run_id: int, namespace: str, run_id: str) -> dict:
     """Mark the run running, record the results it reuses, and return the items left to run."""
-    from evals.graders import graders_hash
-
     with transaction.atomic():
         run = EvalRun.objects.select_for_update().select_related("workflow_version").filter(pk=eval_run_id).first()
         if run is None or Workspace.namespace_of(run.workspace_id) != namespace:
@@ -55,11 +67,13 @@ def eval_begin(eval_run_id: int, namespace: str, run_id: str) -> dict:
         if run.config.get("item_ids"):  # a minibatch: only these items of the set
             items = items.filter(pk__in=run.config["item_ids"])
         items = list(items.order_by("position", "id").values_list("pk", "content_hash"))
-        digest = graders_hash(run.config["graders"])
+        digest = grading_digest(run.config["graders"], run.config.get("judge_model"))
         keys = {pk: reuse_key(run.workflow_version_id, content, digest) for pk, content in items}
         reused = {}
         if run.reuse:
-            earlier = GoldenResult.objects.filter(reuse_key__in=list(keys.values()), grading_error=False) \
+            # a graded answer of a completed invocation: a failure may be this run's budget or an outage
+            earlier = GoldenResult.objects.filter(reuse_key__in=list(keys.values()), grading_error=False,
+                                                  workflow_invocation__status=WorkflowInvocation.Status.COMPLETED) \
                 .exclude(eval_run=run).order_by("reuse_key", "-created_at").distinct("reuse_key")
             by_key = {result.reuse_key: result for result in earlier}
             rows = []
@@ -175,7 +189,7 @@ def eval_finish(eval_run_id: int) -> dict:
         ended_at=now(), updated_at=now())
     with transaction.atomic():
         EvalRun.objects.filter(pk=eval_run_id).exclude(status__in=EvalRun.TERMINAL).update(**fields)
-        if avg is not None:
+        if avg is not None and not run.config.get("item_ids"):  # a minibatch is not the version's score
             WorkflowVersion.objects.filter(pk=run.workflow_version_id).update(
                 avg_score=fields["avg_score"], pass_rate=fields["pass_rate"], updated_at=now())
     return {"avg_score": fields["avg_score"], "pass_rate": fields["pass_rate"], "fitness": score,

@@ -7,13 +7,30 @@ from workflows.models import WorkflowVersion
 
 
 def latest_completed_run(*, golden_set: GoldenSet, version: WorkflowVersion) -> EvalRun | None:
-    return EvalRun.objects.filter(golden_set=golden_set, workflow_version=version,
-                                  status=EvalRun.Status.COMPLETED).order_by("-ended_at", "-pk").first()
+    """The version's latest completed eval run over the whole set (a minibatch run is not one)."""
+    return EvalRun.objects.filter(golden_set=golden_set, workflow_version=version, status=EvalRun.Status.COMPLETED) \
+        .exclude(config__has_key="item_ids").order_by("-ended_at", "-pk").first()
 
 
-def run_scores(run: EvalRun) -> dict[int, float | None]:
-    """Per-item scores of an eval run ({item id: score}; None for a grading error)."""
-    return dict(GoldenResult.objects.filter(eval_run=run).values_list("golden_item_id", "score"))
+def run_scores(run: EvalRun, *, current_only: bool = True) -> dict[int, float | None]:
+    """Per-item scores of an eval run ({item id: score}; None for a grading error). With
+    `current_only`, only results graded on the item's present contents with the set's present graders
+    and judge (their reuse key is today's): a result of an edited item is no evidence about it."""
+    results = GoldenResult.objects.filter(eval_run=run)
+    if not current_only:
+        return dict(results.values_list("golden_item_id", "score"))
+    from evals.conf import eval_settings
+    from evals.execution import grading_digest, reuse_key
+    from evals.graders import GraderConfigError, validate_graders
+
+    golden = run.golden_set
+    try:
+        digest = grading_digest(validate_graders(golden.graders), eval_settings().judge_model)
+    except GraderConfigError:
+        return {}
+    hashes = dict(golden.items.values_list("pk", "content_hash"))
+    return {item: score for item, score, key in results.values_list("golden_item_id", "score", "reuse_key")
+            if item in hashes and key == reuse_key(run.workflow_version_id, hashes[item], digest)}
 
 
 def score_histogram(run: EvalRun, *, bins: int = 10) -> list[dict]:

@@ -187,6 +187,9 @@ def compare_versions(*, golden_set: GoldenSet, version_a: WorkflowVersion, versi
                                                alpha=alpha, resamples=conf.bootstrap_resamples)
     critical = [{"item": pk, "a": scores_a[pk], "b": scores_b[pk]} for pk in paired
                 if items[pk].critical and scores_b[pk] < scores_a[pk] - conf.critical_tolerance]
+    # a critical item a answered and b has no current score for (ungraded, or its run is stale) blocks too
+    critical += [{"item": pk, "a": scores_a[pk], "b": None} for pk in items
+                 if items[pk].critical and scores_a.get(pk) is not None and scores_b.get(pk) is None]
     return {"golden_set": golden_set.pk, "version_a": version_a.pk, "version_b": version_b.pk,
             "eval_run_a": run_a.pk, "eval_run_b": run_b.pk, "comparison": comparison.as_dict(),
             "critical_regressions": critical, "critical_tolerance": conf.critical_tolerance,

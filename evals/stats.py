@@ -5,7 +5,9 @@ The comparison is a paired test on per-item scores: the Wilcoxon signed-rank tes
 (``scipy.stats.wilcoxon``, two-sided; zero differences dropped, as Wilcoxon's original method;
 exact distribution for small samples without ties, normal approximation otherwise) gives the
 p-value, and a paired bootstrap (seeded, so the same data give the same interval) gives the 95%
-interval of the mean difference. A difference is significant when p < alpha.
+interval of the mean difference. "better" needs p < alpha, the positive signed ranks outweighing the
+negative ones, and a mean difference whose interval lies above 0 ("worse" the mirror image); anything
+else is "no significant difference".
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class Comparison:
 def paired_comparison(scores_a: Sequence[float], scores_b: Sequence[float], *, alpha: float = 0.05,
                       resamples: int = 10_000, seed: int = 0) -> Comparison:
     """Compare paired per-item scores (the same items, in the same order) of version a and b."""
-    from scipy.stats import wilcoxon
+    from scipy.stats import rankdata, wilcoxon
 
     a = np.asarray(scores_a, dtype=float)
     b = np.asarray(scores_b, dtype=float)
@@ -83,11 +85,16 @@ def paired_comparison(scores_a: Sequence[float], scores_b: Sequence[float], *, a
         p_value = float(wilcoxon(diff, zero_method="wilcox", alternative="two-sided").pvalue)
     if math.isnan(p_value):
         p_value = 1.0
+    # the direction is the test's own (which signed ranks weigh more), and the mean difference and its
+    # interval must agree with it: a few large gains do not make "better" a version that lost on most items
+    nonzero = diff[diff != 0]
+    ranks = rankdata(np.abs(nonzero))
+    plus, minus = float(ranks[nonzero > 0].sum()), float(ranks[nonzero < 0].sum())
     if n < 2:
         verdict = "not enough data"
-    elif p_value < alpha and mean_diff > 0:
+    elif p_value < alpha and plus > minus and mean_diff > 0 and ci_low > 0:
         verdict = "better"
-    elif p_value < alpha and mean_diff < 0:
+    elif p_value < alpha and minus > plus and mean_diff < 0 and ci_high < 0:
         verdict = "worse"
     else:
         verdict = "no significant difference"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 DEFAULTS = {
     "population": 8,
     "generations": 5,
@@ -66,7 +68,8 @@ def evolution_config(overrides: dict | None) -> tuple[dict, dict[str, list[str]]
             config[key] = value
             continue
         kind, low, high = LIMITS[key]
-        if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and value != int(value)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or (kind is int and value != int(value)):
             errors[f"config.{key}"] = [f"must be {'a whole number' if kind is int else 'a number'}"]
             continue
         if not low <= value <= high:

@@ -234,7 +234,8 @@ class Reflective(Loop):
             child = self.ctx.step(f"reflect:{iteration}", execution.reflect, self.run_id, iteration,
                                   {"version_id": parent, "eval_run": self.scores[parent]["eval_run"]},
                                   None if merge_with is None else
-                                  {"version_id": merge_with, "eval_run": self.scores[merge_with]["eval_run"]})
+                                  {"version_id": merge_with, "eval_run": self.scores[merge_with]["eval_run"]},
+                                  sorted(self.scores))
             if child is not None and child["version_id"] not in self.scores:
                 version = child["version_id"]
                 self.made[version] = child

@@ -228,11 +228,13 @@ def breed(run_id: int, generation: int, parents: list[dict], count: int) -> list
     return out
 
 
-def reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None) -> dict | None:
+def reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None, known: list[int]) -> dict | None:
     """Reflective mode's offspring of a frontier version: with `merge_with` a crossover of the two (they
     improved different items); otherwise the evals rewriter reading the parent's failing items (their
     invocations, messages and grader rationales), falling back to a prompt mutation, any mutation, then
-    an immigrant when it has nothing new. None when nothing new comes out."""
+    an immigrant when it has nothing new to this run (`known`: the versions it has scored; deciding on
+    that, not on whether a version was just created, makes a re-executed step return the same child).
+    None when nothing new comes out."""
     from evals.rewriter import propose
     from evolution import operators
 
@@ -241,11 +243,18 @@ def reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None) 
     versions = WorkflowVersion.objects.in_bulk([parent["version_id"]] + ([merge_with["version_id"]]
                                                                          if merge_with else []))
     mother = versions[parent["version_id"]]
+    known = set(known)
+
+    def new(record: dict) -> bool:
+        return record["version_id"] not in known
+
     if merge_with is not None:
         father = versions[merge_with["version_id"]]
         child = operators.crossover(mother.dsl, father.dsl, rng)
         if child is not None:
-            return _write(run, child, [mother, father], iteration)
+            record = _write(run, child, [mother, father], iteration)
+            if new(record):
+                return record
     eval_run = EvalRun.objects.filter(pk=parent.get("eval_run")).first()
     if eval_run is not None:
         proposal = propose(eval_run=eval_run, user=run.created_by, create=False)
@@ -253,17 +262,17 @@ def reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None) 
             offspring = operators.Offspring(dsl=proposal.dsl, operation="mutation", kind="iterative",
                                             note="; ".join(proposal.changelog))
             record = _write(run, offspring, [mother], iteration)
-            if record["created"]:
+            if new(record):
                 return record
     # nothing new from the rewriter: a prompt mutation, then any mutation kind, then an immigrant
     for kind in ["prompt"] * 6 + [None] * 6:
         child = operators.mutate(mother.dsl, rng, material=_material(run), kind=kind)
         if child is not None:
             record = _write(run, child, [mother], iteration)
-            if record["created"]:
+            if new(record):
                 return record
     record = _write(run, operators.immigrant(run.base_version.dsl, rng, material=_material(run)), [], iteration)
-    return record if record["created"] else None
+    return record if new(record) else None
 
 
 # ---------------------------------------------------------------------------------------------- records

@@ -147,6 +147,7 @@ def version_lineage(version: WorkflowVersion, *, request=None) -> dict:
     chain.reverse()
     latest = {run["workflow_version_id"]: run for run in EvalRun.objects.filter(
         workflow_version_id__in=[step["id"] for step in chain], status=EvalRun.Status.COMPLETED)
+        .exclude(config__has_key="item_ids")  # a minibatch run is not the version's fitness
         .order_by("workflow_version_id", F("ended_at").desc(nulls_last=True), "-id")
         .distinct("workflow_version_id").values("workflow_version_id", "id", "fitness", "golden_set_id")}
     path, previous = [], None

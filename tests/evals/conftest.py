@@ -70,3 +70,14 @@ def evaluate():
         return eval_run
 
     return run
+
+
+def result_key(golden_set, version, item) -> str:
+    """The reuse key a result of `version` on `item` carries when graded with the set's present
+    graders and judge (what comparisons accept as current evidence)."""
+    from evals.conf import eval_settings
+    from evals.execution import grading_digest, reuse_key
+    from evals.graders import validate_graders
+
+    digest = grading_digest(validate_graders(golden_set.graders), eval_settings().judge_model)
+    return reuse_key(version.pk, item.content_hash, digest)

@@ -25,6 +25,7 @@ from evals import charts
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
 from evals.selectors import score_histogram
 from evals.services import eval_run_start, golden_item_add, golden_set_create, version_promote
+from tests.evals.conftest import result_key
 from tests.factories import MembershipFactory
 from tests.workflows.conftest import graph, node
 from workflows.models import WorkflowVersion
@@ -571,7 +572,7 @@ def completed_run(golden_set, version, score_of) -> EvalRun:
     GoldenResult.objects.bulk_create([GoldenResult(
         eval_run=run, golden_item=item, workflow_version=version, actual_output=f"answer {index}", score=score,
         passed=score >= golden_set.pass_threshold, grader="contains+token_f1", grading_rationale="because",
-        latency_ms=120.0, reuse_key=f"{run.pk}:{item.pk}")
+        latency_ms=120.0, reuse_key=result_key(golden_set, version, item))
         for index, (item, score) in enumerate(zip(items, scores, strict=True))])
     return run
 

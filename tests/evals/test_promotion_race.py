@@ -8,6 +8,7 @@ from evals import services
 from evals.models import EvalRun, GoldenResult, Promotion
 from evals.services import EvalError, golden_item_add, golden_set_create, version_promote
 from tests.durable.concurrency import in_thread
+from tests.evals.conftest import result_key
 from tests.workflows.conftest import graph, node
 from workflows.models import WorkflowVersion
 from workflows.services import workflow_create, workflow_version_activate, workflow_version_create
@@ -18,7 +19,7 @@ def _completed_run(golden, version, scores):
                                  status="completed", config={})
     for item, score in zip(golden.items.order_by("position"), scores, strict=True):
         GoldenResult.objects.create(eval_run=run, golden_item=item, workflow_version=version, score=score,
-                                    passed=score >= 0.7, reuse_key=f"{run.pk}-{item.pk}")
+                                    passed=score >= 0.7, reuse_key=result_key(golden, version, item))
     return run
 
 

@@ -11,8 +11,6 @@ from evals.stats import paired_comparison
 pytestmark = pytest.mark.django_db
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: the verdict's direction comes from the mean difference, "
-                                       "not from the signed-rank test that gave the p-value")
 def test_a_candidate_worse_on_almost_every_item_is_never_called_better():
     """Nineteen of twenty items drop a little and one jumps: the Wilcoxon test is highly significant
     *because the ranks are overwhelmingly negative*, while the mean difference is positive (and its 95%
@@ -34,8 +32,6 @@ def _looks_up(make_version):
                         name="looks-up")
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: an invocation that failed for this run's budget is reused "
-                                       "by later runs with another budget (budgets are not in the reuse key)")
 def test_a_failure_caused_by_one_runs_budget_is_not_reused_by_a_run_with_another(facts, support_set, make_version,
                                                                               evaluate):
     """An eval run with node_budget=1 makes a two-node workflow fail on every item (score 0, not a
@@ -54,14 +50,20 @@ def test_a_failure_caused_by_one_runs_budget_is_not_reused_by_a_run_with_another
     assert normal.items_reused == 0, "budget failures were copied into a run with another budget"
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: the reuse key leaves out the judge model, which the "
-                                       "graders module says callers must key on")
 def test_results_graded_by_another_judge_model_are_not_reused(facts, workspace, make_version, evaluate, settings):
     """graders_hash does not cover the judge model (evals/graders.py says so: "a caller reusing results
-    must key on those too"). An eval run under EVAL_JUDGE_MODEL=gpt-4.1-mini and a later one under
-    another judge must not share results: the second grades its items itself."""
+    must key on those too"). The reuse key holds the judge as this installation resolves it: two real
+    judges differ (their results are not shared); offline, every judge model is the same deterministic
+    fallback, so its results are reused."""
+    from evals.execution import grading_digest
     from evals.services import golden_item_add, golden_set_create
     from tests.evals.conftest import ITEMS
+
+    graders = [{"kind": "llm_judge", "weight": 1.0}]
+    assert grading_digest(graders, "gpt-4.1-mini") == grading_digest(graders, "gpt-4.1")  # offline: one fallback
+    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+    assert grading_digest(graders, "gpt-4.1-mini") != grading_digest(graders, "gpt-4.1")
+    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "offline", ""
 
     golden = golden_set_create(workspace=workspace, name="judged", graders=[{"kind": "llm_judge"}])
     for question, expected, _ in ITEMS[:3]:
@@ -72,12 +74,9 @@ def test_results_graded_by_another_judge_model_are_not_reused(facts, workspace, 
     assert first.status == "completed" and first.config["judge_model"] == "gpt-4.1-mini"
     settings.EVAL_JUDGE_MODEL = "gpt-4.1"
     second = evaluate(golden, version)
-    assert second.config["judge_model"] == "gpt-4.1"
-    assert second.items_reused == 0, "results judged by gpt-4.1-mini were reused as gpt-4.1's"
+    assert second.config["judge_model"] == "gpt-4.1" and second.items_reused == 3
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: compare_versions pairs results by item id even when the "
-                                       "item's contents changed between the two runs")
 def test_compare_pairs_only_results_graded_on_the_same_item_contents(facts, support_set, support_versions, evaluate):
     """Version a was evaluated, then every item's expected output was rewritten (a different
     question to pass), then version b was evaluated. A paired test over "the same items" must only
@@ -97,8 +96,6 @@ def test_compare_pairs_only_results_graded_on_the_same_item_contents(facts, supp
     assert result["comparison"]["n"] == 0, result["comparison"]
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a minibatch eval run (config.item_ids) counts as the "
-                                       "version's latest full evaluation: comparison evidence and avg_score")
 def test_a_minibatch_run_is_neither_the_comparison_evidence_nor_the_versions_average(facts, support_set,
                                                                                    support_versions, evaluate):
     """Reflective evolution scores candidates on minibatches (`eval_run_prepare(item_ids=...)`). Such a
@@ -127,8 +124,6 @@ def test_a_minibatch_run_is_neither_the_comparison_evidence_nor_the_versions_ave
     assert better.avg_score == full_avg
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a critical item the candidate could not be graded on is "
-                                       "dropped from the pairs and never checked for a regression")
 def test_a_critical_item_the_candidate_was_not_graded_on_blocks_a_promotion(support_set, support_versions, owner,
                                                                             monkeypatch):
     """Ten items better by 0.4 (significant), the critical item a grading error (score None) for the

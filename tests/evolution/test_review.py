@@ -58,8 +58,6 @@ def drive_through_crashes(run: EvolutionRun, *, crashes: int = 1) -> EvolutionRu
 BASE_DSL = graph("agent", node("agent", prompt="You are a helpful support agent."))
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: reflect() branches on `created`, so a re-executed step "
-                                       "finds its own first offspring 'not new' and breeds a different one")
 def test_a_reflect_step_run_again_after_a_crash_returns_the_same_offspring(facts, support_set, make_version,
                                                                            monkeypatch):
     """The same reflective run (same base, set, seed) on two copies of the workflow: one uninterrupted,
@@ -87,8 +85,6 @@ def test_a_reflect_step_run_again_after_a_crash_returns_the_same_offspring(facts
 
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: evolution_config raises OverflowError on an infinite "
-                                       "whole-number setting instead of naming the field")
 @pytest.mark.parametrize("key", ["population", "max_evaluations", "seed"])
 def test_an_infinite_whole_number_setting_is_refused_naming_it(key):
     """`int(value)` in evolution_config raises OverflowError for float('inf') (what json.loads makes of
