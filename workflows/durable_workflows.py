@@ -215,7 +215,7 @@ class NodeRun:
             "large_summary": output[:2000] if len(output) > 2000 else "", "next_nodes": targets,
             "handoffs": [{"from": node_id, "to": END, "role": "result", "text": output}]
             if END in targets or not targets else [],
-        })
+        }, started["id"])
         return {"node_id": node_id, "seq": seq, "output": output, "next": targets, "role": role,
                 "handoff_type": node["handOffType"], "usd_cost": f"{self.usage['usd_cost']:f}"}
 

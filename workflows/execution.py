@@ -14,14 +14,14 @@ and the invocation's messages sort in node order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from django.db import transaction
-from django.db.models import Count, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db import connection, transaction
+from django.db.models import Subquery
 
 from llm.chat import ChatRequest, ToolSpec, chat
 from workflows.conf import workflow_settings
@@ -116,16 +116,18 @@ def invocation_fail(invocation_id: int, error: str, status: str = WorkflowInvoca
 
 
 def _update_totals(invocation_id: int) -> None:
-    """The invocation's totals, recomputed from its node invocations in one statement (idempotent)."""
-    nodes = NodeInvocation.objects.filter(workflow_invocation_id=invocation_id).values("workflow_invocation_id")
-    WorkflowInvocation.objects.filter(pk=invocation_id).update(
-        usd_cost=Coalesce(Subquery(nodes.annotate(v=Sum("usd_cost")).values("v")), Decimal(0)),
-        input_tokens=Coalesce(Subquery(nodes.annotate(v=Sum("input_tokens")).values("v")), 0),
-        output_tokens=Coalesce(Subquery(nodes.annotate(v=Sum("output_tokens")).values("v")), 0),
-        llm_calls=Coalesce(Subquery(nodes.annotate(v=Sum("llm_calls")).values("v")), 0),
-        cache_hits=Coalesce(Subquery(nodes.annotate(v=Sum("cache_hits")).values("v")), 0),
-        node_count=Coalesce(Subquery(nodes.annotate(v=Count("id")).values("v")), 0),
-        updated_at=now())
+    """The invocation's totals, recomputed from its node invocations in one statement (idempotent).
+    Raw SQL: it runs at every node's end, and building the same UPDATE through the ORM's subquery
+    expressions cost more Python time than the statement itself."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {WorkflowInvocation._meta.db_table} SET (usd_cost, input_tokens, output_tokens, llm_calls, "
+            "cache_hits, node_count) = (SELECT coalesce(sum(usd_cost), 0), coalesce(sum(input_tokens), 0), "
+            "coalesce(sum(output_tokens), 0), coalesce(sum(llm_calls), 0), coalesce(sum(cache_hits), 0), count(*) "
+            f"FROM {NodeInvocation._meta.db_table} WHERE workflow_invocation_id = %s), updated_at = %s "
+            "WHERE id = %s", [invocation_id, now(), invocation_id])
 
 
 # --------------------------------------------------------------------------------------------- nodes
@@ -137,7 +139,7 @@ def node_start(invocation_id: int, workspace_id: int, seq: int, node: dict, node
     every replay of the node sees the same prompt and tools."""
     tools = node_tools(workspace_id=workspace_id, code_tools=node["codeTools"], mcp_tools=node["mcpTools"])
     system, skills = _system_prompt(workspace_id, node, task)
-    with transaction.atomic():  # the runner calls it in a ctx.transaction: it commits with its checkpoint, once
+    with _atomic():  # the runner calls it in a ctx.transaction: it commits with its checkpoint, once
         row = NodeInvocation.objects.create(
             workflow_invocation_id=invocation_id, seq=seq, node_id=node["nodeId"], node_version_id=node_version_id,
             started_at=now(), input="\n\n".join(message["text"] for message in inbox))
@@ -149,6 +151,11 @@ def node_start(invocation_id: int, workspace_id: int, seq: int, node: dict, node
         ], ignore_conflicts=True)
     return {"id": row.pk, "system": system, "tools": tools, "skills": skills,
             "started_at": row.started_at.isoformat()}
+
+
+def _atomic():
+    """A transaction, unless the caller's (a ctx.transaction) already holds one: no savepoint then."""
+    return contextlib.nullcontext() if connection.in_atomic_block else transaction.atomic()
 
 
 def _system_prompt(workspace_id: int, node: dict, task: str) -> tuple[str, list[dict]]:
@@ -180,7 +187,7 @@ def _system_prompt(workspace_id: int, node: dict, task: str) -> tuple[str, list[
     return "\n\n".join(parts), used
 
 
-def node_finish(invocation_id: int, seq: int, fields: dict) -> None:
+def node_finish(invocation_id: int, seq: int, fields: dict, node_pk: int | None = None) -> None:
     """Write a node invocation's end (completed, failed or rejected) and the invocation's totals."""
     values = dict(fields)
     handoffs = values.pop("handoffs", None) or []
@@ -188,11 +195,9 @@ def node_finish(invocation_id: int, seq: int, fields: dict) -> None:
     for key in ("usd_cost",):
         if key in values:
             values[key] = Decimal(str(values[key]))
-    with transaction.atomic():
+    with _atomic():  # the runner calls it in a ctx.transaction: it commits with its checkpoint, once
         NodeInvocation.objects.filter(workflow_invocation_id=invocation_id, seq=seq).update(**values)
         if handoffs:
-            rows = NodeInvocation.objects.filter(workflow_invocation_id=invocation_id, seq=seq).values_list("pk")[:1]
-            node_pk = rows[0][0] if rows else None
             Message.objects.bulk_create([
                 Message(workflow_invocation_id=invocation_id, node_invocation_id=node_pk,
                         seq=message_seq(seq, MESSAGES_PER_NODE - 1 - offset), from_node_id=handoff["from"],
@@ -276,12 +281,14 @@ def llm_call(workspace_id: int, invocation_id: int, node_invocation_id: int, nod
     at its place is the answer (not paid again, nor counted as a cache hit); an invocation that has
     ended pays for nothing more."""
     answer_seq = message_seq(node_seq, offset + len(new_messages))
-    recorded = Message.objects.filter(workflow_invocation_id=invocation_id, seq=answer_seq,
-                                      role=Message.Role.ASSISTANT).values_list("payload", flat=True).first()
+    status, recorded = WorkflowInvocation.objects.filter(pk=invocation_id).values_list(
+        "status", Subquery(Message.objects.filter(workflow_invocation_id=invocation_id, seq=answer_seq,
+                                                  role=Message.Role.ASSISTANT).values("payload")[:1])).first()
     if recorded and "response" in recorded:
         return {"response": recorded["response"], "cache_hit": bool(recorded.get("cache_hit")),
                 "offset": offset + len(new_messages) + 1, "elapsed_ms": recorded.get("latency_ms", 0)}
-    _refuse_if_ended(invocation_id)
+    if status in WorkflowInvocation.TERMINAL:
+        raise InvocationEnded(f"the invocation is {status}")
     chat_request = ChatRequest(
         model=request["model"], messages=request["messages"],
         tools=tuple(ToolSpec(**tool) for tool in request.get("tools", ())),
