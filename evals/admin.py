@@ -63,14 +63,13 @@ from workflows.admin import (
     excerpt,
     full_object,
     json_html,
-    per_request,
     seconds_text,
     status_badge,
     usd,
 )
 from workflows.execution import input_text
 from workflows.models import Workflow, WorkflowVersion
-from workspaces.admin_scope import WorkspaceScopedAdmin, workspaces_for
+from workspaces.admin_scope import ScopedChoiceFilter, WorkspaceScopedAdmin, workspaces_for
 
 RESULT_LIMIT = 1000  # results shown on an eval run's page; the golden results list pages through the rest
 RECENT_RUNS = 10  # runs listed on a golden set's page
@@ -710,26 +709,12 @@ def _p(value) -> str:
 
 # ------------------------------------------------------------------------------------------ eval runs
 
-class GoldenSetFilter(admin.SimpleListFilter):
-    """Choices from the golden sets of the user's workspaces: no DISTINCT over the runs."""
+class GoldenSetFilter(ScopedChoiceFilter):
+    title, parameter_name, field = "golden set", "golden_set", "golden_set_id"
 
-    title = "golden set"
-    parameter_name = "golden_set"
-
-    def lookups(self, request, model_admin):
-        sets = GoldenSet.objects.filter(workspace__in=workspaces_for(request)).order_by("name", "pk")
-        return per_request(request, "golden_set_choices", lambda: [
-            (str(pk), name) for pk, name in sets.values_list("pk", "name")[:200]])
-
-    def queryset(self, request, queryset):
-        value = self.value()
-        if not value:
-            return queryset
-        return queryset.filter(golden_set_id=value) if value.isdigit() and value.isascii() else queryset.none()
-
-    def get_facet_counts(self, pk_attname, filtered_qs):
-        return {f"{index}__c": Count(pk_attname, filter=Q(golden_set_id=value))
-                for index, (value, _label) in enumerate(self.lookup_choices)}
+    def options(self, request):
+        return GoldenSet.objects.filter(workspace__in=workspaces_for(request)).order_by("name", "pk") \
+            .values_list("pk", "name")
 
 
 @admin.register(EvalRun)

@@ -23,7 +23,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Case, Count, F, FloatField, Q, When
+from django.db.models import Case, F, FloatField, Q, When
 from django.db.models.fields.json import KT
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -52,13 +52,12 @@ from workflows.admin import (
     excerpt,
     full_object,
     json_html,
-    per_request,
     seconds_text,
     status_badge,
     usd,
 )
 from workflows.models import Workflow, WorkflowVersion
-from workspaces.admin_scope import WorkspaceScopedAdmin, workspaces_for
+from workspaces.admin_scope import ScopedChoiceFilter, WorkspaceScopedAdmin, workspaces_for
 
 INDIVIDUAL_ROWS = 1500  # individuals listed on a run's page; the individuals list pages through the rest
 GENEALOGY_LIMIT = 3000  # versions drawn in a run's genealogy
@@ -154,26 +153,12 @@ def ancestor_columns(nodes: dict[int, dict]) -> None:
 
 # --------------------------------------------------------------------------------------- run list
 
-class RunWorkflowFilter(admin.SimpleListFilter):
-    """Choices from the workflows of the user's workspaces: no DISTINCT over the runs."""
+class RunWorkflowFilter(ScopedChoiceFilter):
+    title, parameter_name, field = "workflow", "workflow", "workflow_id"
 
-    title = "workflow"
-    parameter_name = "workflow"
-
-    def lookups(self, request, model_admin):
-        workflows = Workflow.objects.filter(workspace__in=workspaces_for(request)).order_by("name", "pk")
-        return per_request(request, "evolution_workflow_choices", lambda: [
-            (str(pk), name) for pk, name in workflows.values_list("pk", "name")[:200]])
-
-    def queryset(self, request, queryset):
-        value = self.value()
-        if not value:
-            return queryset
-        return queryset.filter(workflow_id=value) if value.isdigit() and value.isascii() else queryset.none()
-
-    def get_facet_counts(self, pk_attname, filtered_qs):
-        return {f"{index}__c": Count(pk_attname, filter=Q(workflow_id=value))
-                for index, (value, _label) in enumerate(self.lookup_choices)}
+    def options(self, request):
+        return Workflow.objects.filter(workspace__in=workspaces_for(request)).order_by("name", "pk") \
+            .values_list("pk", "name")
 
 
 class StartForm(forms.Form):

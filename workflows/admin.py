@@ -49,7 +49,12 @@ from workflows.models import (
     WorkflowInvocation,
     WorkflowVersion,
 )
-from workspaces.admin_scope import WorkspaceScopedAdmin, sees_everything, workspaces_for
+from workspaces.admin_scope import (
+    ScopedChoiceFilter,
+    WorkspaceScopedAdmin,
+    sees_everything,
+    workspaces_for,
+)
 
 MESSAGE_LIMIT = 2000  # messages shown on an invocation's page; the Messages admin pages through the rest
 TEXT_LIMIT = 20_000  # characters of one message or node output shown on the page
@@ -207,50 +212,19 @@ class WorkflowVersionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
 
 # ---------------------------------------------------------------------------------------- invocations
 
-def per_request(request, key: str, compute):
-    """A value computed once per request: the changelist builds its filters again for each facet count,
-    and a filter's choices would be queried each time."""
-    cache = request.__dict__.setdefault("_workflows_admin_cache", {})
-    if key not in cache:
-        cache[key] = compute()
-    return cache[key]
+class WorkspaceFilter(ScopedChoiceFilter):
+    title, parameter_name, field = "workspace", "workspace", "workspace_id"
+
+    def options(self, request):
+        return workspaces_for(request).order_by("name").values_list("pk", "name")
 
 
-class WorkspaceFilter(admin.SimpleListFilter):
-    """Choices from the user's workspaces: no DISTINCT over the invocations."""
+class WorkflowFilter(ScopedChoiceFilter):
+    title, parameter_name, field = "workflow", "workflow", "workflow_version__workflow_id"
 
-    title = "workspace"
-    parameter_name = "workspace"
-
-    def lookups(self, request, model_admin):
-        return per_request(request, "workspace_choices", lambda: [
-            (str(pk), name) for pk, name in workspaces_for(request).order_by("name").values_list("pk", "name")[:200]])
-
-    def queryset(self, request, queryset):
-        return queryset.filter(workspace_id=self.value()) if self.value() else queryset
-
-    def get_facet_counts(self, pk_attname, filtered_qs):
-        return {f"{index}__c": Count(pk_attname, filter=Q(workspace_id=value))
-                for index, (value, _label) in enumerate(self.lookup_choices)}
-
-
-class WorkflowFilter(admin.SimpleListFilter):
-    """Choices from the workflows of the user's workspaces: no DISTINCT over the invocations."""
-
-    title = "workflow"
-    parameter_name = "workflow"
-
-    def lookups(self, request, model_admin):
-        workflows = Workflow.objects.filter(workspace__in=workspaces_for(request)).order_by("name", "pk")
-        return per_request(request, "workflow_choices", lambda: [
-            (str(pk), name) for pk, name in workflows.values_list("pk", "name")[:200]])
-
-    def queryset(self, request, queryset):
-        return queryset.filter(workflow_version__workflow_id=self.value()) if self.value() else queryset
-
-    def get_facet_counts(self, pk_attname, filtered_qs):
-        return {f"{index}__c": Count(pk_attname, filter=Q(workflow_version__workflow_id=value))
-                for index, (value, _label) in enumerate(self.lookup_choices)}
+    def options(self, request):
+        return Workflow.objects.filter(workspace__in=workspaces_for(request)).order_by("name", "pk") \
+            .values_list("pk", "name")
 
 
 class DecisionForm(forms.Form):

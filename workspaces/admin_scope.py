@@ -11,7 +11,8 @@ for a missing row); no per-object permission check is needed on top.
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.contrib import admin
+from django.db.models import Count, Q, QuerySet
 
 from workspaces.api.base import member_namespaces, member_workspace_ids
 from workspaces.models import Workspace
@@ -54,3 +55,39 @@ class WorkspaceScopedAdmin:
             if isinstance(related_admin, WorkspaceScopedAdmin):
                 kwargs["queryset"] = related_admin.get_queryset(request)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+def per_request(request, key: str, compute):
+    """A value computed once per request: the changelist builds its filters again for each facet count,
+    and a filter's choices would be queried each time."""
+    cache = request.__dict__.setdefault("_scoped_admin_cache", {})
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
+
+
+class ScopedChoiceFilter(admin.SimpleListFilter):
+    """A list filter on a related row (a workflow, a golden set, a workspace) whose choices are the rows
+    of the user's workspaces, read from their own table: no DISTINCT over the listed table, and never
+    another workspace's names. Subclasses set `title`, `parameter_name`, `field` (the lookup the
+    listed rows are filtered on) and `options(request)` (a queryset of (pk, name) rows)."""
+
+    field: str = ""
+    limit = 200
+
+    def options(self, request) -> QuerySet:
+        raise NotImplementedError
+
+    def lookups(self, request, model_admin):
+        return per_request(request, f"choices:{type(self).__module__}.{type(self).__qualname__}", lambda: [
+            (str(pk), name) for pk, name in self.options(request)[:self.limit]])
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(**{self.field: value}) if value.isascii() and value.isdigit() else queryset.none()
+
+    def get_facet_counts(self, pk_attname, filtered_qs):
+        return {f"{index}__c": Count(pk_attname, filter=Q(**{self.field: value}))
+                for index, (value, _label) in enumerate(self.lookup_choices)}
