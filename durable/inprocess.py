@@ -70,3 +70,19 @@ def run_until_settled(run_id: str, *, max_wait: float = 10.0, max_iterations: in
             return run
         time.sleep(max(0.0, wait) + 0.01)
     return DurableRun.objects.get(pk=run_id)
+
+
+def drive_in_background(run_id: str, *, max_wait: float):
+    """`run_until_settled` in a thread of its own (its own database connection), for a command that
+    shows a run's progress while this process drives it. Returns the started thread."""
+    import threading
+
+    def drive():
+        try:
+            run_until_settled(run_id, max_wait=max_wait)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=drive, name=f"drive {run_id}", daemon=True)
+    thread.start()
+    return thread

@@ -2,7 +2,6 @@
 print the per-item results and the summary."""
 
 import sys
-import threading
 import time
 
 from django.core.management.base import BaseCommand, CommandError
@@ -21,20 +20,9 @@ def progress_bar(done: int, total: int, width: int = 30) -> str:
 
 def follow(command: BaseCommand, run: EvalRun, *, workers: bool, timeout: float) -> EvalRun:
     """Drive the eval run in this process (or leave it to the workers) and draw its progress."""
-    from durable.inprocess import run_until_settled
+    from durable.inprocess import drive_in_background
 
-    driver = None
-    if not workers:
-        def drive():
-            from django.db import connection
-
-            try:
-                run_until_settled(run.durable_run_id, max_wait=timeout)
-            finally:
-                connection.close()
-
-        driver = threading.Thread(target=drive, name="eval-run", daemon=True)
-        driver.start()
+    driver = None if workers else drive_in_background(run.durable_run_id, max_wait=timeout)
     interactive = command.stdout.isatty() if hasattr(command.stdout, "isatty") else False
     deadline, last = time.monotonic() + timeout, None
     while True:

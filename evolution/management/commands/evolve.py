@@ -1,6 +1,5 @@
 """manage.py evolve WORKFLOW --golden-set SET: evolve a workflow and watch it generation by generation."""
 
-import threading
 import time
 
 from django.core.management.base import BaseCommand, CommandError
@@ -68,20 +67,9 @@ class Command(BaseCommand):
         return found
 
     def _follow(self, run: EvolutionRun, *, workers: bool, timeout: float) -> EvolutionRun:
-        from durable.inprocess import run_until_settled
+        from durable.inprocess import drive_in_background
 
-        driver = None
-        if not workers:
-            def drive():
-                from django.db import connection
-
-                try:
-                    run_until_settled(run.durable_run_id, max_wait=timeout)
-                finally:
-                    connection.close()
-
-            driver = threading.Thread(target=drive, name="evolution", daemon=True)
-            driver.start()
+        driver = None if workers else drive_in_background(run.durable_run_id, max_wait=timeout)
         shown, deadline = -1, time.monotonic() + timeout
         while True:
             run.refresh_from_db()

@@ -1,7 +1,6 @@
 """Import, export, compare and run workflow versions from the shell."""
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -104,7 +103,7 @@ class Command(BaseCommand):
             self.stdout.write(line)
 
     def _run(self, *, version, input, node_budget=None, usd_budget=None, workers=False, timeout=600.0, **options):
-        from durable.inprocess import run_until_settled
+        from durable.inprocess import drive_in_background
         from workflows.models import NodeInvocation, WorkflowInvocation
         from workflows.services import InvocationRefused, invocation_start
 
@@ -122,22 +121,7 @@ class Command(BaseCommand):
             raise CommandError("The version cannot run here:\n" + "\n".join(lines)) from None
         self.stdout.write(f"invocation {invocation.pk} of version {found.pk} ({found.dsl_hash[:12]}), "
                           f"run {invocation.durable_run_id}")
-        driver = None
-        if not workers:
-            errors = []
-
-            def drive():
-                from django.db import connection
-
-                try:
-                    run_until_settled(invocation.durable_run_id, max_wait=timeout)
-                except Exception as exc:  # reported below; the run itself keeps its state
-                    errors.append(exc)
-                finally:
-                    connection.close()
-
-            driver = threading.Thread(target=drive, name="workflow-run", daemon=True)
-            driver.start()
+        driver = None if workers else drive_in_background(invocation.durable_run_id, max_wait=timeout)
         shown: dict[int, str] = {}
         deadline = time.monotonic() + timeout
         while True:
