@@ -2,20 +2,15 @@
 finished item again or repeating a completed model call (counted at the local OpenAI-compatible server)."""
 
 import json
-import os
-import signal
 import threading
-import time
 
 import pytest
 
-from config.services import stop_process_groups
-from durable import tick
-from evals.models import EvalRun, GoldenResult
+from evals.models import GoldenResult
 from evals.services import eval_run_start, golden_item_add, golden_set_create
 from tests.llm.conftest import FakeOpenAIChat
 from tests.workflows.conftest import graph, node
-from tests.workflows.test_runner_openai import _worker
+from tests.workflows.workers import kill_mid_call_and_finish
 from workflows.models import WorkflowInvocation
 
 
@@ -46,23 +41,12 @@ def test_a_worker_killed_mid_eval_run_resumes_without_redoing_finished_items(mak
         settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
         settings.OPENAI_BASE_URL = server.url("/v1")
         run = eval_run_start(golden_set=golden, version=version, concurrency=2)
-        workers = [_worker("first", server.url("/v1"))]
-        try:
-            assert held.wait(90), "the first worker never reached the fifth item"
-            graded_before = set(GoldenResult.objects.filter(eval_run=run).values_list("golden_item_id", flat=True))
-            os.killpg(workers[0].pid, signal.SIGKILL)
-            workers[0].wait(10)
-            workers.append(_worker("second", server.url("/v1")))
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                run.refresh_from_db()
-                if run.status in EvalRun.TERMINAL:
-                    break
-                tick.tick()
-                time.sleep(0.3)
-        finally:
-            release.set()
-            stop_process_groups(workers, timeout=20)
+        graded_before = set()
+
+        def look():
+            graded_before.update(GoldenResult.objects.filter(eval_run=run).values_list("golden_item_id", flat=True))
+
+        kill_mid_call_and_finish(run, base_url=server.url("/v1"), in_flight=held, release=release, before_kill=look)
     assert run.status == "completed", run.error
     assert len(graded_before) == 4  # two batches of two were graded before the crash
     results = GoldenResult.objects.filter(eval_run=run)

@@ -3,24 +3,19 @@ same choices, evaluates no individual twice and repeats no completed model call 
 OpenAI-compatible server)."""
 
 import hashlib
-import os
-import signal
 import threading
-import time
 from collections import Counter
 
 import pytest
 
-from config.services import stop_process_groups
-from durable import tick
 from durable.models import StepCheckpoint
 from evals.models import EvalRun
 from evals.services import golden_item_add, golden_set_create
-from evolution.models import EvolutionRun, Individual
+from evolution.models import Individual
 from evolution.services import evolution_start
 from tests.llm.conftest import FakeOpenAIChat
 from tests.workflows.conftest import graph, node
-from tests.workflows.test_runner_openai import _worker
+from tests.workflows.workers import kill_mid_call_and_finish
 
 
 @pytest.mark.worker
@@ -52,23 +47,8 @@ def test_a_worker_killed_mid_generation_resumes_without_repeating_an_evaluation_
         run = evolution_start(workflow=base.workflow, golden_set=golden, config={
             "population": 3, "generations": 2, "seed": 5, "crossover_rate": 0.0, "mutation_rate": 1.0,
             "initial_immigrants": 0.0, "mutation_weights": {"prompt": 1.0}})  # distinct prompts: distinct calls
-        workers = [_worker("first", server.url("/v1"))]
-        try:
-            assert held.wait(120), "the first worker never reached generation 1"
-            os.killpg(workers[0].pid, signal.SIGKILL)
-            workers[0].wait(10)
-            held_request = received[-1]
-            workers.append(_worker("second", server.url("/v1")))
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
-                run.refresh_from_db()
-                if run.status in EvolutionRun.TERMINAL:
-                    break
-                tick.tick()
-                time.sleep(0.3)
-        finally:
-            release.set()
-            stop_process_groups(workers, timeout=20)
+        kill_mid_call_and_finish(run, base_url=server.url("/v1"), in_flight=held, release=release)
+        held_request = received[10]
     assert run.status == "completed", run.error
     counts = Counter(received)
     assert counts[held_request] == 2  # the call in flight when the worker died, then its redo

@@ -2,25 +2,17 @@
 OpenAI-compatible server (tests/llm/conftest.py), in-process and on real Celery workers."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
-import time
 from decimal import Decimal
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from django.db import connection
 
-from config.services import BASE_DIR, stop_process_groups
-from durable import tick
 from durable.models import StepCheckpoint
 from llm.prices import cost_usd
 from tests.llm.conftest import FakeOpenAIChat
 from tests.workflows.conftest import graph, node
-from workflows.models import Message, NodeInvocation, WorkflowInvocation
+from tests.workflows.workers import kill_mid_call_and_finish
+from workflows.models import Message, NodeInvocation
 from workflows.services import invocation_start
 
 
@@ -93,22 +85,6 @@ def test_a_provider_error_is_recorded_on_the_node_and_the_invocation(chat_server
 
 # ------------------------------------------------------------------------------ a worker killed mid-call
 
-def _test_database_url() -> str:
-    parts = urlsplit(os.environ["DATABASE_URL"])
-    return urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"]))
-
-
-def _worker(name: str, base_url: str) -> subprocess.Popen:
-    env = {**os.environ, "DATABASE_URL": _test_database_url(), "DURABLE_LEASE_SECONDS": "2",
-           "DURABLE_STEP_DEFAULT_TIMEOUT": "3", "DURABLE_REDISPATCH_AFTER_SECONDS": "3", "LLM_PROVIDER": "openai",
-           "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": base_url, "LLM_CACHE_ENABLED": "false",
-           "LLM_MAX_RETRIES": "0"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "turns,steps", "-c", "1", "--pool",
-         "prefork", "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"{name}@%h",
-         "--loglevel", "WARNING"], cwd=BASE_DIR, env=env, start_new_session=True)
-
-
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_killed_mid_invocation_resumes_without_repeating_a_completed_model_call(
@@ -140,22 +116,8 @@ def test_a_worker_killed_mid_invocation_resumes_without_repeating_a_completed_mo
         settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
         settings.OPENAI_BASE_URL = server.url("/v1")
         invocation = invocation_start(version=version, input={"text": "go"})
-        workers = [_worker("first", server.url("/v1"))]
-        try:
-            assert third_call_started.wait(60), "the first worker never reached the third node"
-            os.killpg(workers[0].pid, signal.SIGKILL)
-            workers[0].wait(10)
-            workers.append(_worker("second", server.url("/v1")))
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
-                invocation.refresh_from_db()
-                if invocation.status in WorkflowInvocation.TERMINAL:
-                    break
-                tick.tick()
-                time.sleep(0.3)
-        finally:
-            release.set()
-            stop_process_groups(workers, timeout=20)
+        kill_mid_call_and_finish(invocation, base_url=server.url("/v1"), in_flight=third_call_started,
+                                 release=release)
         assert invocation.status == "completed", invocation.error
         assert received.count("Node one.") == 1 and received.count("Node two.") == 1
         assert received.count("Node three.") == 2  # the call in flight when the worker died, then its redo
