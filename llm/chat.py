@@ -17,6 +17,13 @@ A model name is written as in a workflow DSL: bare (``gpt-4.1-mini``) or with a 
   model ``offline-directive-v1``);
 - with ``LLM_PROVIDER = "openai"`` a bare name goes to ``openai`` (``OPENAI_BASE_URL``, which may point at
   any OpenAI-compatible server) and a prefixed one to that provider's base URL and key.
+
+Every answer ``chat()`` returns is text Postgres can store (``clean_response``): models do emit U+0000
+(echoing binary tool output) and unpaired surrogates (broken decoding, a JSON ``"\ud800"`` escape),
+which text and jsonb columns refuse, failing the caller's write after the call was paid for. So in the
+content, the finish reason, the answering model's name and every tool call's id, name, arguments
+(keys and string values, at any depth) and raw arguments, NUL characters are removed and lone
+surrogates replaced with U+FFFD (two code points forming a surrogate pair become their character).
 """
 
 from __future__ import annotations
@@ -26,9 +33,10 @@ import json
 import logging
 import os
 import random
+import re
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from django.conf import settings
@@ -163,6 +171,40 @@ class ChatResponse:
                    tool_calls=tuple(ToolCall.from_dict(call) for call in data.get("tool_calls") or ()),
                    usage=Usage.from_dict(data.get("usage") or {}), latency_ms=float(data.get("latency_ms", 0.0)),
                    finish_reason=data.get("finish_reason") or "stop")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """`text` as Postgres text and jsonb can store it: NUL characters removed, lone surrogates replaced
+    with U+FFFD (a surrogate pair written as two code points becomes its character)."""
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+    if _SURROGATE.search(text):
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
+
+
+def _clean_value(value):
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {_clean_value(key): _clean_value(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_clean_value(item) for item in value]
+    return value
+
+
+def clean_response(response: ChatResponse) -> ChatResponse:
+    """`response` with every string in it cleaned by `clean_text` (see the module docstring)."""
+    calls = tuple(ToolCall(id=_clean_value(call.id), name=_clean_value(call.name),
+                           arguments=_clean_value(call.arguments), raw=_clean_value(call.raw))
+                  for call in response.tool_calls)
+    usage = replace(response.usage, provider=_clean_value(response.usage.provider),
+                    model=_clean_value(response.usage.model))
+    return replace(response, content=_clean_value(response.content), tool_calls=calls, usage=usage,
+                   finish_reason=_clean_value(response.finish_reason))
 
 
 # ------------------------------------------------------------------------------------ resolution
@@ -302,15 +344,16 @@ def chat(request: ChatRequest, *, cache=None) -> tuple[ChatResponse, bool]:
     a cacheable (temperature-0) request, and a hit is answered without calling the provider and without
     recording usage (the response keeps its original usage, so callers see what it cost). A provider
     call retries transient errors (LLM_MAX_RETRIES, Retry-After or capped exponential backoff) and
-    records its usage with `llm.usage.record_usage`. Raises UnknownModel, ChatError, TransientChatError."""
+    records its usage with `llm.usage.record_usage`. The response, cached or not, is cleaned by
+    `clean_response` (no NUL, no lone surrogate). Raises UnknownModel, ChatError, TransientChatError."""
     resolved = resolve_model(request.model)
     key = _cache_key(request, resolved) if cache is not None and request.cacheable() else None
     if key is not None:
         hit = cache.get(key)
         if hit is not None:
-            return ChatResponse.from_dict(hit), True
+            return clean_response(ChatResponse.from_dict(hit)), True
     provider = get_chat_provider(resolved)
-    response = _complete_with_retries(provider, request, resolved)
+    response = clean_response(_complete_with_retries(provider, request, resolved))
     record_usage(response.usage)
     if key is not None:
         cache.put(key, request, response)

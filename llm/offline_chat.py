@@ -12,7 +12,10 @@ Recognised in the system (and developer) messages, case-insensitively; ``DIRECTI
 one's key, regex and canonical phrasing (``DIRECTIVES[key].text(...)``, always recognised by its own
 regex). Text the model does not recognise changes nothing. A phrase preceded, in its own clause
 (text since the last ``. ! ? ; : ,`` or line break), by a negation (not, never, no, don't, avoid,
-without) is not a directive: "Do not cite sources." asks for nothing.
+without) is not a directive: "Do not cite sources." asks for nothing. A quoted phrase (unknown_answer,
+prefix) is one line holding no double quote of any kind. Finding the directives takes time linear in
+the prompt's length, whatever the prompt (a directive whose regex alone could backtrack super-linearly
+has its own scan: ``Directive.finder``).
 
 =============== ================================================== ======================================
 key             canonical phrasing (other forms recognised)        effect
@@ -34,8 +37,8 @@ bullet_list     ``Answer as a bullet list.`` (any "bullet list",    up to 3 answ
                 "bulleted list", "bullet points", "bullets")        ``- `` line each
 max_words       ``Answer in at most N words.`` ("no more than N     at most N words in the whole answer,
                 words", "up to N words", "N words or fewer";        counted by whitespace: answer sentences
-                "under/fewer than/less than N words" mean N-1)      are dropped from the end, then the
-                                                                   last one is cut (ending with ".")
+                "under/fewer than/less than N words" mean N-1;      are dropped from the end, then the
+                an N above 100,000 counts as 100,000: no limit)     last one is cut (ending with ".")
 quote_passage   ``Quote the retrieved passage.`` ("quote the        the best-scoring sentence of a tool
                 source", "quote from the relevant passages")       result (else the best sentence),
                                                                    verbatim in double quotes, first
@@ -54,6 +57,10 @@ The question is the last user message. Evidence, in message order: the text of e
 assistant messages (previous nodes' outputs arrive as user messages), tool results, and, when the
 last user message has two sentences or more, its sentences other than the question in it (those
 ending in "?", else its last sentence), so "<text>. Who founded Acme?" is answered from <text>.
+A user message's first line of the form ``Output of <node id>:`` (at most 200 characters before the
+colon, nothing after it on the line) is left out: it is the header the workflow runner gives a
+predecessor's output, framing rather than evidence (a node whose predecessor had nothing to say would
+otherwise answer with the header itself, and the next one with ``Output of b: Output of a:``).
 A tool result that is a JSON object with a ``hits`` list (knowledge_search) contributes each hit's
 ``content``, remembering the hit (its ``title``, ``source_id``) for citations; another JSON result
 contributes its string values (and ``key: value`` for other scalars); any other result its text.
@@ -79,9 +86,11 @@ the order the prompt names them, and no text. Its arguments come from the tool's
 string parameter named like a query (query, q, question, search, search_query, prompt, text, input,
 keywords, topic, term) and every other required string parameter get the last user message; other
 required parameters get their schema ``default``, else their first ``enum`` option, else a number's
-``minimum`` or 1, false, [] or {}; optional parameters are left out. A directive naming a tool that is
-not offered is ignored, and a tool that is offered but never asked for is never called. An out-of-scope
-question is refused before any tool is called.
+``minimum`` or 1, false, [] or {}; optional parameters are left out. A schema, ``properties`` or
+property schema that is not a JSON object counts as {}, and a ``required`` that is not a list as [] (an
+MCP server's malformed schema gets a call with the arguments that can be derived, {} at worst). A
+directive naming a tool that is not offered is ignored, and a tool that is offered but never asked for
+is never called. An out-of-scope question is refused before any tool is called.
 
 JSON
 ----
@@ -119,7 +128,8 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from llm.chat import (
@@ -186,6 +196,12 @@ class Directive:
     text: Callable[..., str]
     parse: Callable[[re.Match[str]], dict]
     summary: str
+    # the matches of `pattern` in a prompt, as `pattern.finditer` gives them; set when finditer itself
+    # could take more than linear time on some prompts
+    finder: Callable[[str], Iterator[re.Match[str]]] | None = None
+
+    def finditer(self, prompt: str) -> Iterator[re.Match[str]]:
+        return self.finder(prompt) if self.finder is not None else self.pattern.finditer(prompt)
 
 
 @dataclass(frozen=True)
@@ -218,14 +234,23 @@ def _fields_parse(match: re.Match[str]) -> dict:
     return {"fields": [part.strip("`\"'“” ") for part in parts if part.strip("`\"'“” ")]}
 
 
+MAX_WORD_LIMIT = 100_000  # a larger word limit is no limit (no answer comes near it): it counts as this
+
+
+def _word_limit(digits: str) -> int:
+    """The number `digits` writes, at most MAX_WORD_LIMIT + 1 (never converting thousands of digits)."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= len(str(MAX_WORD_LIMIT)) else MAX_WORD_LIMIT + 1
+
+
 def _max_words_parse(match: re.Match[str]) -> dict:
     if match["n"] is not None:
-        number = int(match["n"])
+        number = _word_limit(match["n"])
         if re.match(r"under|fewer|less", match["op"], re.I):
             number -= 1
     else:
-        number = int(match["n2"])
-    return {"n": max(1, number)}
+        number = _word_limit(match["n2"])
+    return {"n": min(MAX_WORD_LIMIT, max(1, number))}
 
 
 def _max_words_text(n: int) -> str:
@@ -261,6 +286,69 @@ def _compile(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern, re.I)
 
 
+# "If <...> not/no <...> say "<phrase>"": no line break, no opening double quote between "if" and the
+# phrase's quote, no full stop before the negation. A quoted phrase holds no double quote of any kind.
+_UNKNOWN_ANSWER = _compile(r"\bif\s+[^\n.\"“]*?(?:\b(?:not|no|cannot|unsure)\b|n't\b)[^\n\"“]*?"
+                           r"\b(?:say|answer|reply|respond)\s+(?:with\s+)?(?:exactly\s+)?[\"“](?P<phrase>[^\"“”\n]+)[\"”]")
+_UNKNOWN_IF = _compile(r"\bif\s+")
+_UNKNOWN_NEGATION = _compile(r"\b(?:not|no|cannot|unsure)\b|n't\b")
+# a say-word and the opening quote of the phrase that follows it (a lookahead: every one is found)
+_UNKNOWN_SAY = _compile(r"\b(?=(?:say|answer|reply|respond)\s+(?:with\s+)?(?:exactly\s+)?(?P<quote>[\"“]))")
+
+
+def _positions(pattern: str, text: str) -> list[int]:
+    return [match.start() for match in re.finditer(pattern, text)]
+
+
+def _find_unknown_answer(prompt: str) -> Iterator[re.Match[str]]:
+    """`_UNKNOWN_ANSWER.finditer(prompt)`, in linear time.
+
+    The regex alone backtracks with cubic cost on a long line of "if ... not ..." clauses with no
+    say-word and quote to end them (every "if" times every negation times the rest of the line). Its
+    match from an "if" is decided by the first opening quote after it, Q: the text between cannot
+    hold one. There is a match iff a say-word leads to Q (``say|answer|reply|respond``, then
+    whitespace, ``with``, ``exactly``), a phrase follows Q up to a closing quote, no line break comes
+    between the "if" and the say-word, and the first negation after the "if" starts before the first
+    full stop after it and ends by the say-word. Those facts are looked up (bisect) in lists made in
+    one pass each, and the regex is run only where they say it matches, from that "if" to the closing
+    quote (linear in that span); matches do not overlap, so the whole scan is linear."""
+    quotes = _positions(r"[\"“]", prompt)
+    if not quotes:
+        return
+    says = {match.start("quote"): match.start() for match in _UNKNOWN_SAY.finditer(prompt)}
+    if not says:
+        return
+    phrase_ends = _positions(r"[\"“”\n]", prompt)
+    line_breaks = _positions(r"\n", prompt)
+    stops = _positions(r"\.", prompt)
+    negations = [(match.start(), match.end()) for match in _UNKNOWN_NEGATION.finditer(prompt)]
+    negation_starts = [start for start, _end in negations]
+
+    def after(positions: list[int], position: int) -> int:
+        index = bisect_left(positions, position)
+        return positions[index] if index < len(positions) else len(prompt)
+
+    done = 0
+    for candidate in _UNKNOWN_IF.finditer(prompt):
+        if candidate.start() < done:
+            continue
+        body = candidate.end()
+        quote = after(quotes, body)
+        say = says.get(quote)
+        if say is None or say < body or after(line_breaks, body) < say:
+            continue
+        closing = after(phrase_ends, quote + 1)
+        if closing == quote + 1 or closing == len(prompt) or prompt[closing] not in "\"”":
+            continue
+        index = bisect_left(negation_starts, body)
+        if index == len(negations) or negations[index][0] >= after(stops, body) or negations[index][1] > say:
+            continue
+        match = _UNKNOWN_ANSWER.match(prompt, candidate.start(), closing + 1)
+        if match is not None:
+            done = match.end()
+            yield match
+
+
 DIRECTIVES: dict[str, Directive] = {d.key: d for d in (
     Directive(
         key="tool_first",
@@ -279,8 +367,7 @@ DIRECTIVES: dict[str, Directive] = {d.key: d for d in (
     ),
     Directive(
         key="unknown_answer",
-        pattern=_compile(r"\bif\s+[^\n.\"“]*?(?:\b(?:not|no|cannot|unsure)\b|n't\b)[^\n\"“]*?"
-                         r"\b(?:say|answer|reply|respond)\s+(?:with\s+)?(?:exactly\s+)?[\"“](?P<phrase>[^\"”\n]+)[\"”]"),
+        pattern=_UNKNOWN_ANSWER, finder=_find_unknown_answer,
         text=_unknown_text, parse=lambda m: {"phrase": m["phrase"]},
         summary="say the phrase when the evidence does not answer the question",
     ),
@@ -331,7 +418,7 @@ DIRECTIVES: dict[str, Directive] = {d.key: d for d in (
     Directive(
         key="prefix",
         pattern=_compile(r"\b(?:start|begin)\s+(?:your\s+|the\s+|each\s+|every\s+)?(?:answer|response|reply|output)s?"
-                         r"\s+with\s+[\"“](?P<prefix>[^\"”\n]+)[\"”]"),
+                         r"\s+with\s+[\"“](?P<prefix>[^\"“”\n]+)[\"”]"),
         text=lambda prefix: _quoted_text('Start your answer with "{}".', prefix),
         parse=lambda m: {"prefix": m["prefix"]},
         summary="start the answer with the quoted text",
@@ -341,20 +428,32 @@ DIRECTIVES: dict[str, Directive] = {d.key: d for d in (
 _CLAUSE_BREAK = re.compile(r"[.!?;:,\n]")
 
 
-def _negated(text: str, start: int) -> bool:
-    """Whether a negation precedes `start` in its clause."""
-    clause_start = 0
-    for match in _CLAUSE_BREAK.finditer(text, 0, start):
-        clause_start = match.end()
-    return bool(_NEGATION.search(text, clause_start, start))
+class _Negations:
+    """Whether a negation precedes a position in its clause (text since the last clause break), for
+    any number of positions in one text: the clause breaks and negations are found once, and each
+    question is two bisects (re-scanning the text for each one made a long prompt quadratic)."""
+
+    def __init__(self, text: str):
+        self.breaks = [match.start() for match in _CLAUSE_BREAK.finditer(text)]
+        negations = list(_NEGATION.finditer(text))
+        self.starts = [match.start() for match in negations]
+        self.ends = [match.end() for match in negations]
+
+    def before(self, start: int) -> bool:
+        index = bisect_left(self.breaks, start)
+        clause_start = self.breaks[index - 1] + 1 if index else 0
+        index = bisect_right(self.ends, start)  # the last negation ending by `start`
+        return bool(index) and self.starts[index - 1] >= clause_start
 
 
 def find_directives(prompt: str) -> list[FoundDirective]:
     """Every directive `prompt` states (negated phrases left out), in the order they appear."""
+    prompt = prompt or ""
+    negations = _Negations(prompt)
     found = []
     for directive in DIRECTIVES.values():
-        for match in directive.pattern.finditer(prompt or ""):
-            if not _negated(prompt, match.start()):
+        for match in directive.finditer(prompt):
+            if not negations.before(match.start()):
                 found.append(FoundDirective(directive.key, directive.parse(match), match.start(), match.end()))
     return sorted(found, key=lambda item: (item.start, item.key))
 
@@ -382,6 +481,8 @@ class _Inputs:
     answered_tools: set[str] = field(default_factory=set)  # lower-cased names of tools with a result
 
 
+# the line the workflow runner heads a predecessor's output with ("Output of <node id>:"): framing, not evidence
+_HANDOFF_HEADER = re.compile(r"\AOutput of [^\n]{1,200}:[^\S\n]*(?:\n|\Z)")
 _ABBREVIATIONS = r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\betc\.)(?<!\bvs\.)(?<!\bMr\.)(?<!\bDr\.)(?<!\bNo\.)"
 _SENTENCE_BREAK = re.compile(_ABBREVIATIONS + r"(?<=[.!?…])\s+")
 _LIST_MARKER = re.compile(r"^\s*(?:[-*•+]\s+|\d{1,3}[.)]\s+|>\s*)")
@@ -473,6 +574,8 @@ def _read_inputs(messages: Sequence[dict]) -> _Inputs:
     for index, message in enumerate(messages):
         role = message.get("role")
         text = _message_text(message.get("content"))
+        if role == "user":
+            text = _HANDOFF_HEADER.sub("", text, count=1)
         if role in ("system", "developer"):
             system.append(text)
         elif role == "tool":
@@ -508,7 +611,7 @@ QUERY_PARAMETERS = frozenset(("query", "q", "question", "search", "search_query"
                               "keywords", "topic", "term"))
 _NUMBER = re.compile(r"(?<![\w.])[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w)|(?<![\w.])[-+]?\d+(?:\.\d+)?(?!\w)")
 # "- writer: drafts the final answer" (also "*", "•"; ":" or a dash after the option)
-_OPTION_LINE = re.compile(r"^\s*[-*•]\s*[`\"']?(?P<name>[^\s:`\"']+)[`\"']?\s*(?::|\u2014|\u2013|\s-)\s*"
+_OPTION_LINE = re.compile(r"^[^\S\n]*[-*•]\s*[`\"']?(?P<name>[^\s:`\"']+)[`\"']?\s*(?::|\u2014|\u2013|\s-)\s*"
                           r"(?P<description>.+)$", re.M)
 
 
@@ -552,27 +655,35 @@ class _Answerer:
             return None
         offered = {tool.name.casefold(): tool for tool in self.request.tools}
         system = self.inputs.system
+        negations = _Negations(system)
         asked: list[tuple[int, str]] = [(item.start, item.arguments["tool"].casefold())
                                         for item in self.found if item.key == "tool_first"]
         for name, tool in offered.items():
             for match in re.finditer(rf"(?<![\w.-]){re.escape(tool.name)}(?![\w-])", system, re.I):
-                if not _negated(system, match.start()):
+                if not negations.before(match.start()):
                     asked.append((match.start(), name))
                     break
         for _position, name in sorted(asked):
             if name in offered and name not in self.inputs.answered_tools:
                 tool = offered[name]
-                arguments = self._tool_arguments(tool.parameters or {})
+                arguments = self._tool_arguments(tool.parameters)
                 raw = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
                 digest = hashlib.sha256(f"{tool.name}\n{raw}\n{len(self.request.messages)}".encode()).hexdigest()
                 return ToolCall(id=f"call_{digest[:24]}", name=tool.name, arguments=arguments, raw=raw)
         return None
 
-    def _tool_arguments(self, parameters: dict) -> dict:
-        properties = parameters.get("properties") or {}
-        required = set(parameters.get("required") or ())
+    def _tool_arguments(self, parameters) -> dict:
+        """The arguments of a call, from the tool's parameter schema as the tool (an MCP server) sent
+        it: a schema, `properties` or property schema that is not an object counts as {}, a `required`
+        that is not a list as [] (a malformed schema gets the arguments it can, {} at worst)."""
+        parameters = parameters if isinstance(parameters, dict) else {}
+        properties = parameters.get("properties")
+        properties = properties if isinstance(properties, dict) else {}
+        required = parameters.get("required")
+        required = {name for name in required if isinstance(name, str)} if isinstance(required, list) else set()
         arguments = {}
         for name, schema in properties.items():
+            name = str(name)
             schema = schema if isinstance(schema, dict) else {}
             kind = _schema_type(schema)
             if kind == "string" and "enum" not in schema and (name.casefold() in QUERY_PARAMETERS or name in required):
@@ -677,8 +788,9 @@ class _Answerer:
         response_format = self.request.response_format or {}
         kind = response_format.get("type")
         if kind == "json_schema":
-            schema = (response_format.get("json_schema") or {}).get("schema") or {}
-            if isinstance(schema.get("properties"), dict) and schema["properties"]:
+            wrapper = response_format.get("json_schema")
+            schema = wrapper.get("schema") if isinstance(wrapper, dict) else None
+            if isinstance(schema, dict) and isinstance(schema.get("properties"), dict) and schema["properties"]:
                 return self._object(schema)
             return {"answer": self.plain_answer()}
         fields = self.directives.get("json_fields")
@@ -696,10 +808,10 @@ class _Answerer:
         schema = _first_alternative(schema)
         kind = _schema_type(schema)
         words = set(_name_words(name))
-        if schema.get("enum"):
+        if isinstance(schema.get("enum"), (list, tuple)) and schema["enum"]:
             return self._choose(list(schema["enum"]))
         if kind == "object":
-            return self._object(schema) if schema.get("properties") else {}
+            return self._object(schema) if isinstance(schema.get("properties"), dict) and schema["properties"] else {}
         if kind == "array":
             items = _first_alternative(schema.get("items") if isinstance(schema.get("items"), dict) else {})
             item_kind = _schema_type(items)
@@ -821,7 +933,7 @@ def _schema_type(schema: dict) -> str:
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
-    if not kind:
+    if not kind or not isinstance(kind, str):
         kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
     return kind
 
@@ -829,7 +941,7 @@ def _schema_type(schema: dict) -> str:
 def _default_value(schema: dict, kind: str):
     if "default" in schema:
         return schema["default"]
-    if schema.get("enum"):
+    if isinstance(schema.get("enum"), (list, tuple)) and schema["enum"]:
         return schema["enum"][0]
     if kind in ("integer", "number"):
         return schema.get("minimum", 1)

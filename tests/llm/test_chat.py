@@ -262,3 +262,66 @@ def test_permanent_errors_are_not_retried(scripted):
     with pytest.raises(ChatError, match="bad request"):
         chat(ChatRequest(model="gpt-4.1-mini", messages=MESSAGES))
     assert provider.calls == 1 and scripted.sleeps == []
+
+
+# ------------------------------------------------------------------------------ text Postgres refuses
+
+
+@pytest.fixture
+def local_server(settings, openai_server):
+    """Online settings with OPENAI_BASE_URL on the local OpenAI-compatible server (tests/llm/conftest.py)."""
+    settings.LLM_PROVIDER = "openai"
+    settings.OPENAI_API_KEY = "sk-test"
+    settings.OPENAI_BASE_URL = openai_server.url("/v1")
+    settings.LLM_PROVIDERS = {}
+    return openai_server
+
+
+def _has_bad_text(value) -> bool:
+    """Whether `value` holds a string Postgres cannot store: a NUL or a code point that is half a surrogate pair."""
+    if isinstance(value, str):
+        return "\x00" in value or any("\ud800" <= c <= "\udfff" for c in value)
+    if isinstance(value, dict):
+        return any(_has_bad_text(k) or _has_bad_text(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_has_bad_text(item) for item in value)
+    return False
+
+
+def test_a_providers_nul_characters_and_lone_surrogates_are_cleaned(local_server):
+    """Models emit U+0000 and unpaired surrogates; Postgres text and jsonb refuse both. Every response
+    chat() returns (and caches) has NULs removed and lone surrogates replaced with U+FFFD."""
+    local_server.chat_replies = [
+        {"content": "Paris\x00 is the\ud800 capital.", "model": "gpt-x\x00"},
+        {"tool_calls": [
+            # arguments escaped in the JSON text: the parsed values hold the characters, the raw text does not
+            ("call_\x001", "look\ud800up", '{"term": "a\\u0000b\\ud800", "k\\u0000": ["x\\udc00y", {"z\\u0000": 1}]}'),
+            # the characters in the raw text itself (not a JSON object then: the arguments are {})
+            ("call_2", "lookup", '{"term": "a\x00b"}\ud83d'),
+        ]},
+    ]
+    cache = MemoryCache()
+    with usage_meter() as meter:
+        answer, cached = chat(ChatRequest(model="gpt-4.1-mini", messages=MESSAGES), cache=cache)
+    assert not cached
+    assert answer.content == "Paris is the\ufffd capital."
+    assert answer.usage.model == "gpt-x" and meter.total.model == "gpt-x"
+    assert not _has_bad_text(list(cache.rows.values()))
+    assert chat(ChatRequest(model="gpt-4.1-mini", messages=MESSAGES), cache=cache) == (answer, True)
+
+    calls, _ = chat(ChatRequest(model="gpt-4.1-mini", messages=MESSAGES[1:]))
+    first, second = calls.tool_calls
+    assert (first.id, first.name) == ("call_1", "look\ufffdup")
+    assert first.arguments == {"term": "ab\ufffd", "k": ["x\ufffdy", {"z": 1}]}
+    assert first.raw == '{"term": "a\\u0000b\\ud800", "k\\u0000": ["x\\udc00y", {"z\\u0000": 1}]}'
+    assert (second.arguments, second.raw) == ({}, '{"term": "ab"}\ufffd')
+    assert not _has_bad_text(calls.as_dict()) and not _has_bad_text(calls.assistant_message())
+
+
+def test_cleaning_keeps_surrogate_pairs_and_clean_text_as_it_is():
+    from llm.chat import clean_response, clean_text
+
+    assert clean_text("\ud83d\ude00 ok") == "\U0001F600 ok"  # a pair written as two code points: its character
+    assert clean_text("\udc00\ud800x\x00") == "\ufffd\ufffdx"
+    response = ChatResponse(content="Zürich 🏔", tool_calls=(ToolCall("c", "t", {"a": [1, None, True]}, "{}"),))
+    assert clean_response(response) == response

@@ -319,3 +319,140 @@ def test_another_nodes_no_answer_is_not_evidence():
         {"role": "user", "content": "Refunds take five business days. How much information do refunds need?"},
     ])
     assert respond(request).content == "Refunds take five business days."
+
+
+def test_a_hand_off_header_is_not_evidence():
+    """The runner heads a predecessor's output with `Output of <node id>:`; the line is framing. A node
+    whose predecessor said nothing answers as with no evidence, never with the header."""
+    from llm.offline_chat import FALLBACK_ANSWER
+
+    def answer(*user_messages):
+        return respond(ChatRequest(model="m", messages=[{"role": "user", "content": text}
+                                                        for text in user_messages])).content
+
+    assert answer("Output of a:\n", "Will it rain tomorrow?") == FALLBACK_ANSWER
+    assert answer("Output of a:", "Will it rain tomorrow?") == FALLBACK_ANSWER
+    assert answer("Output of b:\nOutput of a:", "Will it rain tomorrow?") == "Output of a:"  # only the first line
+    # no sentence shares a word with the question: the first two sentences of the evidence answer
+    assert answer("Output of node 2: draft:\nRain is likely tomorrow.\nSun on Sunday.", "What is it?") == (
+        "Rain is likely tomorrow. Sun on Sunday.")
+    # a first line that only starts like a header is evidence
+    assert answer("Output of the plant rose: 3% in May.", "What rose?") == "Output of the plant rose: 3% in May."
+    assert answer("Output of the plant rose by 3%.", "What rose?") == "Output of the plant rose by 3%."
+    assert answer("Some text.\nOutput of a:", "Will it rain?") == "Some text. Output of a:"  # not a first line
+
+
+def test_a_word_limit_above_the_cap_is_no_limit():
+    from llm.offline_chat import MAX_WORD_LIMIT
+
+    def limit(prompt):
+        return [f.arguments for f in find_directives(prompt) if f.key == "max_words"]
+
+    assert limit("Answer in at most 100000 words.") == [{"n": MAX_WORD_LIMIT}]
+    assert limit("Answer in at most 0000012 words.") == [{"n": 12}]
+    assert limit("Answer in at most 100001 words.") == [{"n": MAX_WORD_LIMIT}]
+    assert limit("Answer in under 100001 words.") == [{"n": MAX_WORD_LIMIT}]
+    assert limit("Keep it under " + "7" * 10_000 + " words.") == [{"n": MAX_WORD_LIMIT}]
+    assert limit("Use " + "3" * 10_000 + " words or fewer.") == [{"n": MAX_WORD_LIMIT}]
+    assert limit("Answer in fewer than 1 words.") == [{"n": 1}]
+    assert ask("Answer in at most " + "9" * 5_000 + " words.").content == ask().content
+
+
+@pytest.mark.parametrize("parameters, arguments", [
+    (None, {}),
+    ("term", {}),
+    (["term"], {}),
+    ({"properties": ["term"], "required": ["term"]}, {}),
+    ({"properties": "term"}, {}),
+    ({"properties": {"term": {"type": "string"}}, "required": "term"}, {"term": QUESTION}),  # a query-like name
+    ({"properties": {"word": {"type": "string"}}, "required": "word"}, {}),  # required not a list: nothing required
+    ({"properties": {"word": {"type": "string"}}, "required": [{"name": "word"}, "word"]}, {"word": QUESTION}),
+    ({"properties": {"word": ["string"]}, "required": ["word"]}, {"word": QUESTION}),  # a schema not an object
+    ({"properties": {"mode": {"type": {"kind": "x"}}}, "required": ["mode"]}, {"mode": QUESTION}),
+    ({"properties": {"mode": {"type": "string", "enum": {"a": 1}}}, "required": ["mode"]}, {"mode": ""}),
+    ({"properties": {"n": {"type": "integer", "enum": "abc"}}, "required": ["n"]}, {"n": 1}),
+])
+def test_a_malformed_tool_schema_still_gets_its_call(parameters, arguments):
+    tool = ToolSpec("lookup", "Look a term up.", parameters)
+    (call,) = ask("Call lookup before answering.", hits=None, tools=(tool,)).tool_calls
+    assert (call.name, call.arguments) == ("lookup", arguments)
+
+
+def test_a_malformed_response_schema_gets_an_answer_object():
+    for response_format in ({"type": "json_schema", "json_schema": "route"},
+                            {"type": "json_schema", "json_schema": {"schema": ["next"]}},
+                            {"type": "json_schema", "json_schema": {"schema": {"properties": ["next"]}}}):
+        assert json.loads(ask(response_format=response_format).content) == {"answer": f"{BEST} {SECOND}"}
+    schema = {"type": "json_schema", "json_schema": {"schema": {"properties": {
+        "next": {"enum": 3}, "details": {"type": "object", "properties": ["a"]}}}}}
+    value = json.loads(ask(response_format=schema).content)
+    assert value == {"next": BEST, "details": {}}
+
+
+def test_a_quoted_phrase_holds_no_double_quote():
+    assert find_directives('Start your answer with "A “b".') == []
+    assert find_directives('If you do not know, say “No “idea”.') == []
+    assert [f.arguments for f in find_directives('If you do not know, say “No idea”.')] == [{"phrase": "No idea"}]
+
+
+def _unknown_answer_prompts(count: int, seed: int):
+    """Prompts built from the unknown_answer regex's pieces and the characters that end them, so that
+    many match (some twice), many almost match, and some are negated."""
+    import random
+
+    rng = random.Random(seed)
+    fillers = ["", " ", "x ", "it is ", ". ", ", ", "\n", '"', "“", "if ", "not ", "say ", "with ", "exactly ",
+               "don't ", "  ", "do not ", "; "]
+    for _ in range(count):
+        parts = []
+        for _ in range(rng.randint(1, 4)):
+            parts += [rng.choice(["if ", "If\n", "IF  ", "if", "elif "]), rng.choice(fillers),
+                      rng.choice(["not", "no", "don't", "cannot", "unsure", "nothing", ""]), rng.choice(fillers),
+                      rng.choice(["say", "answer", "reply", "respond", "essay", "Say"]),
+                      rng.choice([" ", "\n", " with ", " exactly ", " with exactly ", ""]),
+                      rng.choice(['"', "“", "”", ""]), rng.choice(["I don't know.", "", "a\nb", "x “ y", "z"]),
+                      rng.choice(['"', "”", "“", "", "\n"]), rng.choice(fillers)]
+        yield "".join(parts)
+
+
+def test_the_linear_unknown_answer_scan_finds_what_its_regex_finds():
+    """`_find_unknown_answer` replaces `_UNKNOWN_ANSWER.finditer` (cubic on some prompts) and must
+    find exactly the same matches."""
+    from llm.offline_chat import _UNKNOWN_ANSWER, _find_unknown_answer
+
+    matched = 0
+    for prompt in _unknown_answer_prompts(4_000, seed=7):
+        expected = [(m.start(), m.end(), m["phrase"]) for m in _UNKNOWN_ANSWER.finditer(prompt)]
+        assert [(m.start(), m.end(), m["phrase"]) for m in _find_unknown_answer(prompt)] == expected, prompt
+        matched += bool(expected)
+    assert matched > 100  # the prompts do exercise matches
+
+
+def test_the_negation_index_agrees_with_a_scan_of_the_clause():
+    """`_Negations.before(start)` answers, with two bisects, whether a negation precedes `start` in its
+    clause, for every position a directive or tool name can start at (not inside a word)."""
+    import re
+
+    from llm.offline_chat import _CLAUSE_BREAK, _NEGATION, _Negations
+
+    def scanned(text, start):
+        clause_start = max((m.end() for m in _CLAUSE_BREAK.finditer(text, 0, start)), default=0)
+        return bool(_NEGATION.search(text, clause_start, start))
+
+    checked = negated = 0
+    for text in _unknown_answer_prompts(500, seed=11):
+        index = _Negations(text)
+        for start in range(len(text) + 1):
+            if 0 < start < len(text) and re.match(r"\w\w", text[start - 1:start + 1]):
+                continue
+            assert index.before(start) == scanned(text, start), (text, start)
+            checked += 1
+            negated += index.before(start)
+    assert negated > 100 and checked - negated > 100
+
+
+def test_a_tool_named_in_a_long_prompt_is_found_past_its_negated_mentions():
+    lookup = ToolSpec("lookup", "Look a term up.", {"type": "object", "properties": {"term": {"type": "string"}}})
+    prompt = "Never call lookup for greetings, " * 5_000 + "use lookup for names."
+    assert [c.name for c in ask(prompt, hits=None, tools=(lookup,)).tool_calls] == ["lookup"]
+    assert ask("Never call lookup for greetings, " * 5_000, hits=None, tools=(lookup,)).tool_calls == ()
