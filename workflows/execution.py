@@ -23,7 +23,7 @@ from decimal import Decimal
 from django.db import connection, transaction
 from django.db.models import Subquery
 
-from llm.chat import ChatRequest, ToolSpec, chat
+from llm.chat import ChatRequest, ToolSpec, chat, clean_text
 from workflows.conf import workflow_settings
 from workflows.llm_cache import ChatCache
 from workflows.models import ContextEntry, Message, NodeInvocation, NodeVersion, WorkflowInvocation
@@ -349,15 +349,6 @@ def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, no
                  "context_key": result["context_key"]},
     )], ignore_conflicts=True)
     return result
-
-
-def clean_text(text: str) -> str:
-    """Text Postgres can store: NUL removed, unpaired surrogates replaced (tools echo binary data)."""
-    if "\x00" in text:
-        text = text.replace("\x00", "")
-    if any("\ud800" <= c <= "\udfff" for c in text):
-        text = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
-    return text
 
 
 def _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call_key, call, binding,

@@ -241,8 +241,6 @@ def test_a_parallel_fan_cannot_spend_a_multiple_of_the_usd_budget(chat_server, m
     assert invocation.usd_cost <= Decimal(10) + len(branches), invocation.usd_cost
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: the runner's hand-off header `Output of <node>:` is "
-                                       "evidence to the offline model, which answers with it")
 @pytest.mark.django_db
 def test_a_node_never_answers_with_the_hand_off_header(make_version, invoke):
     """The runner hands a node its predecessors' outputs as user messages headed `Output of <node>:`.
@@ -322,8 +320,6 @@ def test_an_answer_with_more_tool_calls_than_a_node_can_record_runs_none_of_them
     assert ran == [], f"{len(ran)} tool calls ran before the node failed with: {invocation.error}"
 
 
-@pytest.mark.xfail(strict=True, reason="review finding: a NUL character or a lone surrogate in a model's answer "
-                                       "fails the invocation with a database error")
 @pytest.mark.parametrize("garbage", ["\u0000", "\ud800"], ids=["nul", "lone-surrogate"])
 @pytest.mark.django_db(transaction=True)
 def test_a_model_answer_with_characters_postgres_refuses_does_not_fail_the_invocation(
