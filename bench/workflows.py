@@ -367,6 +367,7 @@ class Instrument:
         self.statements: Counter = Counter()
         self.commits: Counter = Counter()
         self.db_seconds: dict[str, float] = defaultdict(float)
+        self.django_statements: Counter = Counter()  # what Django's execute_wrapper sees (no raw cursors)
         self.by_statement: dict[tuple[str, str], list] = {}
         self.turn_seconds = 0.0
         self._stack: list[list] = []
@@ -452,12 +453,21 @@ class Instrument:
             finally:
                 instrument._record_db("COMMIT", time.perf_counter() - started, commit=True)
 
+        from django.db import connection
+
+        def django_counter(execute, sql, params, many, context):
+            instrument.django_statements[instrument.current()] += 1
+            return execute(sql, params, many, context)
+
+        self._django_wrapper = connection.execute_wrapper(django_counter)
+        self._django_wrapper.__enter__()
         self._patch(psycopg.Cursor, "execute", timed_execute)
         self._patch(psycopg.Cursor, "executemany", timed_executemany)
         self._patch(psycopg.Connection, "commit", timed_commit)
         return self
 
     def __exit__(self, *exc):
+        self._django_wrapper.__exit__(*exc)
         while self._saved:
             owner, attribute, original = self._saved.pop()
             setattr(owner, attribute, original)
@@ -525,6 +535,7 @@ def _analyse(instrument: Instrument, nodes: int) -> dict:
             "pct_of_overhead": round(100 * ms.get(label, 0.0) / overhead_ms, 1)
             if label in in_turn and label != PROVIDER and overhead_ms else None,
             "statements_per_node": round(instrument.statements[label] / nodes, 2),
+            "django_statements_per_node": round(instrument.django_statements[label] / nodes, 2),
             "commits_per_node": round(instrument.commits[label] / nodes, 2),
             "db_ms_per_node": round(instrument.db_seconds[label] * 1000 / nodes, 4),
         })
@@ -538,6 +549,7 @@ def _analyse(instrument: Instrument, nodes: int) -> dict:
         "turn_ms_per_node": round(instrument.turn_seconds * 1000 / nodes, 4),
         "engine_overhead_ms_per_node": round(overhead_ms, 4), "provider_ms_per_node": round(ms.get(PROVIDER, 0.0), 4),
         "statements_per_node": round(sum(instrument.statements[label] for label in in_turn) / nodes, 2),
+        "django_statements_per_node": round(sum(instrument.django_statements[label] for label in in_turn) / nodes, 2),
         "commits_per_node": round(sum(instrument.commits[label] for label in in_turn) / nodes, 2),
         "db_ms_per_node": round(turn_db, 4), "python_ms_per_node": round(overhead_ms - turn_db, 4),
         "statements_per_node_outside_turn": {label: round(instrument.statements[label] / nodes, 2)
@@ -635,6 +647,9 @@ def report(results: dict) -> None:
                 None, None, None, on["db_ms_per_node"], None],
                ["  of which Python", None, inprocess["python_ms_per_node"], None, None, None, None,
                 on["python_ms_per_node"], None]])
+        print(f"\nstatements per node in the turn: {inprocess['statements_per_node']} at the psycopg cursor, of which "
+              f"{inprocess['django_statements_per_node']} through Django (connection.execute_wrapper; the rest are the "
+              f"engine's raw prepared statements); {inprocess['commits_per_node']} commits per node")
         common.print_table(
             "costliest statements (in-process, per node; COMMIT = an explicit commit, [autocommit] = a write "
             "that commits by itself)",
