@@ -36,3 +36,35 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+class PostActionsMixin:
+    """Buttons on a read-only change page that act on the row through a service (cancel, decide,
+    promote...): each a POST view inside the admin, allowed with the model's change permission (the
+    admin itself stays read-only), on a row the user may see (another workspace's row is missing)."""
+
+    def has_act_permission(self, request) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.change_{self.opts.model_name}")
+
+    def _acting_on(self, request, object_id):
+        """The row a POST acts on, or the response that refuses it."""
+        from django.contrib.admin.utils import unquote
+        from django.core.exceptions import PermissionDenied
+        from django.http import HttpResponseNotAllowed
+
+        if request.method != "POST":
+            return None, HttpResponseNotAllowed(["POST"])
+        obj = self.get_object(request, unquote(object_id))
+        if obj is None:  # missing or of another workspace: as the change page does
+            return None, self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if not self.has_view_permission(request, obj) or not self.has_act_permission(request):
+            raise PermissionDenied
+        return obj, None
+
+    def _change_page(self, obj, anchor: str = ""):
+        from django.contrib.admin.utils import quote
+        from django.http import HttpResponseRedirect
+        from django.urls import reverse
+
+        url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[quote(obj.pk)])
+        return HttpResponseRedirect(url + (f"#{anchor}" if anchor else ""))

@@ -39,7 +39,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from config.admin import EstimatedCountPaginator, ReadOnlyAdmin
+from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
 from durable.admin import pretty_json
 from evals import charts, importing, rewriter
 from evals.graders import GraderConfigError, validate_graders
@@ -718,7 +718,7 @@ class GoldenSetFilter(ScopedChoiceFilter):
 
 
 @admin.register(EvalRun)
-class EvalRunAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+class EvalRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     list_display = ("id", "golden_set_link", "version_link", "status_display", "avg_score_display",
                     "pass_rate_display", "fitness_display", "cost", "progress", "created_at")
     list_display_links = ("id",)
@@ -868,11 +868,6 @@ class EvalRunAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
 
     # ---------------------------------------------------------------------------------------- actions
 
-    def has_act_permission(self, request) -> bool:
-        """Cancelling and proposing act on a run: the model's change permission (the admin itself stays
-        read-only)."""
-        return request.user.has_perm(f"{self.opts.app_label}.change_{self.opts.model_name}")
-
     def get_urls(self):
         info = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
@@ -881,19 +876,8 @@ class EvalRunAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
             *super().get_urls(),
         ]
 
-    def _acting_on(self, request, object_id):
-        """The eval run a POST acts on, or the response that refuses it."""
-        if request.method != "POST":
-            return None, HttpResponseNotAllowed(["POST"])
-        run = self.get_object(request, unquote(object_id))
-        if run is None:  # missing or of another workspace: as the change page does
-            return None, self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
-        if not self.has_view_permission(request, run) or not self.has_act_permission(request):
-            raise PermissionDenied
-        return run, None
-
     def _back(self, run):
-        return HttpResponseRedirect(reverse("admin:evals_evalrun_change", args=[quote(run.pk)]))
+        return self._change_page(run)
 
     def cancel_view(self, request, object_id):
         run, refused = self._acting_on(request, object_id)

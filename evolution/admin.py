@@ -21,17 +21,16 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, F, FloatField, Q, When
 from django.db.models.fields.json import KT
-from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from config.admin import EstimatedCountPaginator, ReadOnlyAdmin
+from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
 from evals.models import GoldenSet
 from evals.services import EvalError, PromotionRefused
 from evolution import charts
@@ -199,7 +198,7 @@ class StartForm(forms.Form):
 
 
 @admin.register(EvolutionRun)
-class EvolutionRunAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+class EvolutionRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     list_display = ("id", "workflow_link", "mode", "status_display", "generations_display", "best_fitness_display",
                     "lift_display", "evaluations", "rollouts", "cost", "created_at")
     list_display_links = ("id",)
@@ -435,11 +434,6 @@ class EvolutionRunAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
 
     # ------------------------------------------------------------------------------------- POST views
 
-    def has_act_permission(self, request) -> bool:
-        """Starting, pausing, resuming, cancelling and promoting act on runs: the model's change
-        permission (the admin itself stays read-only)."""
-        return request.user.has_perm(f"{self.opts.app_label}.change_{self.opts.model_name}")
-
     def get_urls(self):
         info = f"{self.opts.app_label}_{self.opts.model_name}"
         views = (("pause", self.pause_view), ("resume", self.resume_view), ("cancel", self.cancel_view),
@@ -449,19 +443,8 @@ class EvolutionRunAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
                   for name, view in views),
                 *super().get_urls()]
 
-    def _acting_on(self, request, object_id):
-        """The run a POST acts on, or the response that refuses it."""
-        if request.method != "POST":
-            return None, HttpResponseNotAllowed(["POST"])
-        run = self.get_object(request, unquote(object_id))
-        if run is None:  # missing or of another workspace: as the change page does
-            return None, self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
-        if not self.has_view_permission(request, run) or not self.has_act_permission(request):
-            raise PermissionDenied
-        return run, None
-
     def _back(self, run):
-        return HttpResponseRedirect(reverse("admin:evolution_evolutionrun_change", args=[quote(run.pk)]))
+        return self._change_page(run)
 
     def pause_view(self, request, object_id):
         run, refused = self._acting_on(request, object_id)

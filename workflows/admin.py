@@ -28,12 +28,12 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import models
 from django.db.models import BooleanField, Count, DurationField, ExpressionWrapper, F, Prefetch, Q
-from django.http import FileResponse, Http404, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import FileResponse, Http404
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from config.admin import EstimatedCountPaginator, ReadOnlyAdmin
+from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
 from durable.admin import pretty_json
 from workflows import graph, services
 from workflows.models import (
@@ -238,7 +238,7 @@ def status_badge(status: str, label: str):
 
 
 @admin.register(WorkflowInvocation)
-class WorkflowInvocationAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     list_display = ("id", "workflow_name", "version_link", "status_display", "cost", "tokens", "node_count",
                     "created_at", "duration_display")
     list_display_links = ("id",)
@@ -384,11 +384,6 @@ class WorkflowInvocationAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
 
     # ---------------------------------------------------------------------------------------- actions
 
-    def has_act_permission(self, request) -> bool:
-        """Deciding and cancelling change an invocation: the model's change permission (the admin itself
-        stays read-only)."""
-        return request.user.has_perm(f"{self.opts.app_label}.change_{self.opts.model_name}")
-
     def get_urls(self):
         info = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
@@ -399,20 +394,8 @@ class WorkflowInvocationAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
             *super().get_urls(),
         ]
 
-    def _acting_on(self, request, object_id):
-        """The invocation a POST acts on, or the response that refuses it."""
-        if request.method != "POST":
-            return None, HttpResponseNotAllowed(["POST"])
-        invocation = self.get_object(request, unquote(object_id))
-        if invocation is None:  # missing or of another workspace: as the change page does
-            return None, self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
-        if not self.has_view_permission(request, invocation) or not self.has_act_permission(request):
-            raise PermissionDenied
-        return invocation, None
-
     def _back(self, invocation, anchor: str = ""):
-        url = reverse("admin:workflows_workflowinvocation_change", args=[quote(invocation.pk)])
-        return HttpResponseRedirect(url + (f"#{anchor}" if anchor else ""))
+        return self._change_page(invocation, anchor)
 
     def decide_view(self, request, object_id):
         invocation, refused = self._acting_on(request, object_id)
