@@ -9,8 +9,6 @@ import re
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
@@ -25,6 +23,7 @@ from evals import charts
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
 from evals.selectors import score_histogram
 from evals.services import eval_run_start, golden_item_add, golden_set_create, version_promote
+from tests.admin_users import admin_staff, client_of
 from tests.evals.conftest import result_key
 from tests.factories import MembershipFactory
 from tests.workflows.conftest import graph, node
@@ -47,13 +46,7 @@ def _no_celery_dispatch(settings):
 def staff_user(username: str, workspace, *, codenames=None):
     """A staff member of `workspace` with the evals and workflows apps' permissions (`codenames` to narrow
     them)."""
-    user = get_user_model().objects.create_user(username, password="x", is_staff=True)
-    permissions = Permission.objects.filter(content_type__app_label__in=("evals", "workflows"))
-    if codenames is not None:
-        permissions = permissions.filter(codename__in=codenames)
-    user.user_permissions.add(*permissions)
-    MembershipFactory(user=user, workspace=workspace)
-    return user
+    return admin_staff(username, workspace, apps=("evals", "workflows"), codenames=codenames)
 
 
 @pytest.fixture
@@ -63,16 +56,12 @@ def staff(workspace):
 
 @pytest.fixture
 def staff_client(staff):
-    client = Client()
-    client.force_login(staff)
-    return client
+    return client_of(staff)
 
 
 @pytest.fixture
 def outsider_client(other_workspace):
-    client = Client()
-    client.force_login(staff_user("globex-staff", other_workspace))
-    return client
+    return client_of(staff_user("globex-staff", other_workspace))
 
 
 @pytest.fixture

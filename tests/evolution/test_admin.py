@@ -9,8 +9,6 @@ import random
 import re
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.test import Client
@@ -27,7 +25,7 @@ from evolution.admin import ancestor_columns
 from evolution.conf import DEFAULTS
 from evolution.models import EvolutionRun, Generation, Individual
 from evolution.services import evolution_start
-from tests.factories import MembershipFactory
+from tests.admin_users import admin_staff, client_of
 from tests.workflows.conftest import graph, node
 from workflows.models import WorkflowVersion
 from workflows.services import workflow_create, workflow_version_activate, workflow_version_create
@@ -48,21 +46,8 @@ def _no_celery_dispatch(settings):
 def staff_user(username: str, *workspaces, codenames=None):
     """A staff member of `workspaces` with the evolution, evals, workflows and durable apps' permissions
     (`codenames` to narrow them)."""
-    user = get_user_model().objects.create_user(username, password="x", is_staff=True)
-    permissions = Permission.objects.filter(
-        content_type__app_label__in=("evolution", "evals", "workflows", "durable"))
-    if codenames is not None:
-        permissions = permissions.filter(codename__in=codenames)
-    user.user_permissions.add(*permissions)
-    for workspace in workspaces:
-        MembershipFactory(user=user, workspace=workspace)
-    return user
+    return admin_staff(username, *workspaces, apps=("evolution", "evals", "workflows", "durable"), codenames=codenames)
 
-
-def client_of(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from django.utils import timezone
 from durable import engine
 from durable.inprocess import run_until_settled
 from durable.models import BufferedSignal, DurableRun
+from tests.admin_users import admin_staff, client_of
 from tests.factories import MembershipFactory
 from tests.workflows.test_dsl import SEED_EXPORT
 from workflows import graph
@@ -52,13 +53,7 @@ def _no_celery_dispatch(settings, tmp_path):
 
 def staff_user(username: str, workspace, *, codenames=None):
     """A staff member of `workspace` with the workflows app's permissions (`codenames` to narrow them)."""
-    user = get_user_model().objects.create_user(username, password="x", is_staff=True)
-    permissions = Permission.objects.filter(content_type__app_label="workflows")
-    if codenames is not None:
-        permissions = permissions.filter(codename__in=codenames)
-    user.user_permissions.add(*permissions)
-    MembershipFactory(user=user, workspace=workspace)
-    return user
+    return admin_staff(username, workspace, apps=("workflows",), codenames=codenames)
 
 
 @pytest.fixture
@@ -68,16 +63,12 @@ def staff(workspace):
 
 @pytest.fixture
 def staff_client(staff):
-    client = Client()
-    client.force_login(staff)
-    return client
+    return client_of(staff)
 
 
 @pytest.fixture
 def outsider_client(other_workspace):
-    client = Client()
-    client.force_login(staff_user("globex-staff", other_workspace))
-    return client
+    return client_of(staff_user("globex-staff", other_workspace))
 
 
 @pytest.fixture
