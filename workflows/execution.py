@@ -33,10 +33,6 @@ from workspaces.models import Workspace
 MESSAGES_PER_NODE = 10_000
 
 
-class InvocationRefused(Exception):
-    """The run does not own the invocation it was given (another namespace): nothing is written."""
-
-
 def now() -> datetime:
     return datetime.now(UTC)
 

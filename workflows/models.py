@@ -359,13 +359,16 @@ class McpServer(models.Model):
         """Moving the server to another host sets its users' configs aside (disabled): their secret
         headers must not follow a URL someone else changed. Each user re-enables theirs after checking
         the new address."""
-        moved = False
-        if self.pk is not None:
-            before = McpServer.objects.filter(pk=self.pk).values_list("url", flat=True).first()
-            moved = before is not None and _host(before) != _host(self.url)
-        super().save(*args, **kwargs)
-        if moved:
-            UserServerConfig.objects.filter(server=self, enabled=True).update(enabled=False)
+        from django.db import transaction
+
+        with transaction.atomic():  # the move and the configs set aside commit together
+            moved = False
+            if self.pk is not None:
+                before = McpServer.objects.select_for_update().filter(pk=self.pk).values_list("url", flat=True).first()
+                moved = before is not None and _host(before) != _host(self.url)
+            super().save(*args, **kwargs)
+            if moved:
+                UserServerConfig.objects.filter(server=self, enabled=True).update(enabled=False)
 
 
 def _host(url: str) -> str:
