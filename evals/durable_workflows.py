@@ -11,26 +11,16 @@ from __future__ import annotations
 from durable import workflow
 from durable.engine import Child
 from evals import execution
-from workflows.durable_workflows import INVOKE_WORKFLOW, describe
+from workflows.durable_workflows import INVOKE_WORKFLOW, begin_row, describe
 
 EVAL_WORKFLOW = "evals.run"
-
-
-class EvalFailed(Exception):
-    pass
 
 
 @workflow(EVAL_WORKFLOW)  # started by evals.services.eval_run_start only
 def eval_run(ctx, input: dict) -> dict:
     """Input: {"eval_run_id": int}."""
     eval_run_id = int(input["eval_run_id"])
-    try:
-        plan = ctx.step("begin", execution.eval_begin, eval_run_id, ctx.namespace, ctx.run_id)
-    except Exception as exc:
-        ctx.step("fail", execution.eval_fail, eval_run_id, describe(exc), "failed", ctx.namespace)
-        raise
-    if "refused" in plan:
-        raise EvalFailed(plan["refused"])
+    plan = begin_row(ctx, execution.eval_begin, execution.eval_fail, eval_run_id)
     if "ended" in plan:
         return {"status": plan["ended"]}
     try:

@@ -34,27 +34,17 @@ from durable import workflow
 from durable.engine import Child
 from evals.durable_workflows import EVAL_WORKFLOW
 from evolution import execution
-from workflows.durable_workflows import describe
+from workflows.durable_workflows import begin_row, describe
 
 EVOLVE_WORKFLOW = "evolution.run"
 MERGE_PROBABILITY = 0.25
-
-
-class EvolutionFailed(Exception):
-    pass
 
 
 @workflow(EVOLVE_WORKFLOW)  # started by evolution.services.evolution_start only
 def evolve(ctx, input: dict) -> dict:
     """Input: {"evolution_run_id": int}."""
     run_id = int(input["evolution_run_id"])
-    try:
-        plan = ctx.step("begin", execution.evolution_begin, run_id, ctx.namespace, ctx.run_id)
-    except Exception as exc:
-        ctx.step("fail", execution.evolution_fail, run_id, describe(exc), "failed", ctx.namespace)
-        raise
-    if "refused" in plan:
-        raise EvolutionFailed(plan["refused"])
+    plan = begin_row(ctx, execution.evolution_begin, execution.evolution_fail, run_id)
     if "ended" in plan:
         return {"status": plan["ended"]}
     try:

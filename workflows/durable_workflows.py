@@ -52,17 +52,30 @@ class NodeRejected(InvocationFailed):
     """An operator rejected a node's answer."""
 
 
+class RunRefused(Exception):
+    """A run was given a row it does not own (another workspace's, or one another run drives)."""
+
+
+def begin_row(ctx, begin, fail, row_id: int) -> dict:
+    """The `begin` step of a run that drives a row (an invocation, an eval run, an evolution run):
+    `begin(row_id, namespace, run_id)` marks the row running and returns the plan. A failure in it is
+    recorded on the row by `fail(row_id, error, "failed", namespace)` (a row of this namespace's
+    workspace only) and raised; a refusal writes nothing and raises RunRefused."""
+    try:
+        plan = ctx.step("begin", begin, row_id, ctx.namespace, ctx.run_id)
+    except Exception as exc:
+        ctx.step("fail", fail, row_id, describe(exc), "failed", ctx.namespace)
+        raise
+    if "refused" in plan:
+        raise RunRefused(plan["refused"])
+    return plan
+
+
 @workflow(INVOKE_WORKFLOW)  # started by workflows.services.invocation_start only
 def invoke(ctx, input: dict) -> dict:
     """Run a workflow invocation. Input: {"invocation_id": int}."""
     invocation_id = int(input["invocation_id"])
-    try:
-        plan = ctx.step("begin", execution.invocation_begin, invocation_id, ctx.namespace, ctx.run_id)
-    except Exception as exc:
-        ctx.step("fail", execution.invocation_fail, invocation_id, describe(exc), "failed", ctx.namespace)
-        raise
-    if "refused" in plan:
-        raise InvocationFailed(plan["refused"])
+    plan = begin_row(ctx, execution.invocation_begin, execution.invocation_fail, invocation_id)
     if "ended" in plan:
         return {"status": plan["ended"]}
     try:
