@@ -256,6 +256,10 @@ def test_a_dsl_error_is_a_400_naming_the_node_and_the_field(api_as, owner, works
     ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m" * 300}]}, "nodes[a].gatewayModelId"),
     ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m", "maxSteps": 10**40}]}, "nodes[a].maxSteps"),
     ({"entryNodeId": 5, "nodes": [{"nodeId": ["a"], "gatewayModelId": {"x": 1}}]}, "entryNodeId"),
+    ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m", "description": 5}]}, "nodes[a].description"),
+    ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m", "requiresApproval": "no"}]},
+     "nodes[a].requiresApproval"),
+    ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m"}], "outputSchema": [1]}, "outputSchema"),
 ])
 def test_hostile_dsl_documents_are_400_naming_the_path(api_as, owner, workspace, dsl, path):
     workflow = workflow_create(workspace=workspace, name="flow")
