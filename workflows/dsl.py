@@ -11,7 +11,8 @@ a version is refused before anything is paid.
 every field checked: a missing or null field takes its default, any other wrong type is an error);
 ``validate`` raises ``DslError`` naming the node and the field; ``dsl_hash`` is the SHA-256 of the
 canonical form (REFERENCE.md): keys sorted recursively, nodes sorted by id, node `memory` and
-unknown node fields dropped, tool and hand-off lists de-duplicated and sorted.
+unknown node fields dropped, lists de-duplicated, the tool and skill lists (sets to the runner) sorted
+and the hand-off and waitFor lists kept in their order (the runner's order).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ NODE_FIELDS = ("nodeId", "description", "systemPrompt", "gatewayModelId", "mcpTo
 # fields of a node that take part in its identity (everything but `memory`)
 HASHED_NODE_FIELDS = tuple(field for field in NODE_FIELDS if field != "memory")
 LIST_FIELDS = ("mcpTools", "codeTools", "handOffs", "waitFor", "skills")
+# lists whose order means nothing to the runner (the tools offered, the skills named): stored and hashed
+# sorted. The others keep their order in both: sequential hand-offs run in it and the invocation answers
+# from the last node to reach `end`; a join reads its inputs in its waitFor order.
+SET_FIELDS = ("mcpTools", "codeTools", "skills")
 ALIASES = {"modelName": "gatewayModelId", "waitingFor": "waitFor"}
 
 
@@ -108,7 +113,8 @@ def _typed(value, expected: tuple[type, str], default, path: str, errors: _Error
 
 def normalize(document) -> dict:
     """The stored form of a DSL document: aliases resolved, defaults filled in, every field's type
-    checked, unknown node fields dropped (a workflow's own top-level extras are kept). Raises DslError
+    checked, unknown node fields dropped (a workflow's own top-level extras are kept), lists de-duplicated
+    and the sets among them (``SET_FIELDS``) sorted. Raises DslError
     on a document that is not a workflow at all, naming each field of the wrong type (validation of
     the graph is ``validate``'s)."""
     errors = _Errors()
@@ -152,6 +158,8 @@ def normalize(document) -> dict:
                  for field, expected in NODE_TYPES.items()}
         for field in LIST_FIELDS:
             clean[field] = _string_list(node.get(field), f"{path}.{field}", errors)
+            if field in SET_FIELDS:
+                clean[field].sort()
         normalized.append(clean)
     errors.raise_if_any()
     out["nodes"] = normalized
@@ -245,13 +253,15 @@ def unresolved_tools(dsl: dict, *, mcp_tools: Iterable[str] = ()) -> list[str]:
 
 
 def canonical(dsl: dict) -> dict:
-    """The form a version is addressed by: nodes sorted by id with their hashed fields only, tool and
-    hand-off lists de-duplicated and sorted, keys sorted recursively (by the serialisation)."""
+    """The form a version is addressed by: nodes sorted by id with their hashed fields only, every
+    list de-duplicated, the sets among them (``SET_FIELDS``) sorted and the others in their order,
+    keys sorted recursively (by the serialisation)."""
     nodes = []
     for node in dsl["nodes"]:
         item = {field: node.get(field) for field in HASHED_NODE_FIELDS}
         for field in LIST_FIELDS:
-            item[field] = sorted(set(node.get(field) or []))
+            values = dict.fromkeys(node.get(field) or [])
+            item[field] = sorted(values) if field in SET_FIELDS else list(values)
         nodes.append(item)
     out = {key: value for key, value in dsl.items() if key != "nodes"}
     out["nodes"] = sorted(nodes, key=lambda node: node["nodeId"])

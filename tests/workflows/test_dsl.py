@@ -189,3 +189,25 @@ def test_missing_and_null_fields_take_their_defaults():
     node = dsl.parse(document)["nodes"][0]
     assert (node["description"], node["systemPrompt"], node["requiresApproval"], node["memory"],
             node["handOffType"], node["maxSteps"]) == ("", "", False, {}, "sequential", 5)
+
+
+def test_the_hash_keeps_the_order_of_hand_offs_and_wait_for_and_ignores_the_order_of_sets():
+    def fan(handoffs, wait_for, tools, skills):
+        return {"entryNodeId": "a", "nodes": [
+            {"nodeId": "a", "gatewayModelId": "m", "handOffs": handoffs},
+            {"nodeId": "b", "gatewayModelId": "m", "handOffs": ["d"]},
+            {"nodeId": "c", "gatewayModelId": "m", "handOffs": ["d"]},
+            {"nodeId": "d", "gatewayModelId": "m", "waitFor": wait_for, "codeTools": tools, "skills": skills,
+             "mcpTools": list(reversed(tools))}]}
+
+    base = dsl.dsl_hash(dsl.parse(fan(["b", "c"], ["b", "c"], ["knowledge_search", "skill_load"], ["x", "y"])))
+    # sequential targets run in list order and the answer is the last to reach `end`; a join reads in waitFor order
+    assert dsl.dsl_hash(dsl.parse(fan(["c", "b"], ["b", "c"], ["knowledge_search", "skill_load"], ["x", "y"]))) != base
+    assert dsl.dsl_hash(dsl.parse(fan(["b", "c"], ["c", "b"], ["knowledge_search", "skill_load"], ["x", "y"]))) != base
+    # the tools offered and the skills named are sets: stored sorted, so the same hash runs the same
+    shuffled = dsl.parse(fan(["b", "c"], ["b", "c"], ["skill_load", "knowledge_search"], ["y", "x"]))
+    assert dsl.dsl_hash(shuffled) == base
+    joined = shuffled["nodes"][3]
+    assert (joined["codeTools"], joined["mcpTools"], joined["skills"]) == (
+        ["knowledge_search", "skill_load"], ["knowledge_search", "skill_load"], ["x", "y"])
+    assert shuffled["nodes"][0]["handOffs"] == ["b", "c"] and joined["waitFor"] == ["b", "c"]

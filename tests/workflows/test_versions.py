@@ -170,3 +170,42 @@ def test_ancestors_and_descendants_in_one_query_each_through_both_parents(worksp
     assert dict(descendants)[left.pk] == 1 and dict(descendants)[child.pk] == 2 and len(descendants) == 33
     assert version_ancestors(root) == [] and version_descendants(chain[-1]) == []
     assert len(version_ancestors(chain[-1], max_depth=3)) == 3
+
+
+@pytest.mark.django_db
+def test_hand_offs_in_another_order_are_another_version_that_answers_from_its_own_last_node(workflow, invoke):
+    from tests.workflows.conftest import graph, node
+
+    def ordered(*targets):
+        return graph("a", node("a", prompt="Route the question.", handoffs=targets),
+                     node("b", prompt="Answer in one sentence.", handoffs=["end"]),
+                     node("c", prompt="Answer with a bullet list.", handoffs=["end"]))
+
+    first, created_first = workflow_version_create(workflow=workflow, dsl=ordered("b", "c"))
+    second, created_second = workflow_version_create(workflow=workflow, dsl=ordered("c", "b"))
+    assert created_first and created_second and second.pk != first.pk
+    assert second.dsl["nodes"][0]["handOffs"] == ["c", "b"]
+    answers = [invoke(version, {"text": "How do durable runs survive a crash?"}) for version in (first, second)]
+    assert [answer.status for answer in answers] == ["completed", "completed"]
+    assert [answer.output["node_id"] for answer in answers] == ["c", "b"]
+
+
+@pytest.mark.django_db
+def test_versions_hashed_before_hand_off_order_counted_are_found_again_after_the_migration(workflow):
+    """A version written when the hash sorted every list: the migration recomputes its hash, so
+    posting its DSL again returns it instead of writing a second version."""
+    import importlib
+
+    from django.apps import apps
+
+    from tests.workflows.conftest import graph, node
+
+    migration = importlib.import_module("workflows.migrations.0004_dsl_hash_keeps_handoff_order")
+    document = graph("a", node("a", handoffs=["c", "b"]), node("b", handoffs=["end"]), node("c", handoffs=["end"]))
+    stored, _ = workflow_version_create(workflow=workflow, dsl=document)
+    untouched, _ = workflow_version_create(workflow=workflow, dsl=graph("b", node("b", handoffs=["end"])))
+    WorkflowVersion.objects.filter(pk=stored.pk).update(dsl_hash=migration._hash(stored.dsl, ordered=False))
+    assert migration.rehash(apps) == 1
+    again, created = workflow_version_create(workflow=workflow, dsl=document)
+    assert (again.pk, created) == (stored.pk, False)
+    assert WorkflowVersion.objects.get(pk=untouched.pk).dsl_hash == untouched.dsl_hash
