@@ -6,10 +6,23 @@ import difflib
 import json
 
 from workflows import dsl as dsl_module
-from workflows.models import WorkflowVersion
+from workflows.models import VersionActivation, WorkflowVersion
 
 NODE_FIELDS_COMPARED = ("description", "gatewayModelId", "mcpTools", "codeTools", "handOffs", "handOffType",
                         "waitFor", "skills", "maxSteps", "requiresApproval")
+
+
+def activation_current(*, workflow_id: int) -> VersionActivation | None:
+    """The activation in effect for a workflow (its latest; its version is the active one), with its
+    parent: the activation a rollback returns to."""
+    return VersionActivation.objects.filter(workflow_id=workflow_id).select_related(
+        "parent__workflow_version").order_by("-id").first()
+
+
+def rollback_target(*, workflow_id: int) -> WorkflowVersion | None:
+    """The version a rollback would re-activate: the one active before the current activation."""
+    current = activation_current(workflow_id=workflow_id)
+    return current.parent.workflow_version if current is not None and current.parent is not None else None
 
 
 def _pretty(dsl: dict) -> list[str]:

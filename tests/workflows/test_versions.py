@@ -209,3 +209,41 @@ def test_versions_hashed_before_hand_off_order_counted_are_found_again_after_the
     again, created = workflow_version_create(workflow=workflow, dsl=document)
     assert (again.pk, created) == (stored.pk, False)
     assert WorkflowVersion.objects.get(pk=untouched.pk).dsl_hash == untouched.dsl_hash
+
+
+@pytest.mark.django_db
+def test_each_activation_is_recorded_and_activating_the_active_version_records_nothing(workflow, owner):
+    from workflows.models import VersionActivation
+
+    first, _ = workflow_version_create(workflow=workflow, dsl=two_nodes())
+    second, _ = workflow_version_create(workflow=workflow, dsl=two_nodes(entryNodeId="writer"))
+    workflow_version_activate(version=first, user=owner)
+    workflow_version_activate(version=second)
+    workflow_version_activate(version=second)
+    history = list(VersionActivation.objects.filter(workflow=workflow).order_by("id"))
+    assert [(row.workflow_version, row.previous_version, row.kind) for row in history] == [
+        (first, None, "activate"), (second, first, "activate")]
+    assert history[1].parent == history[0] and history[0].created_by == owner
+    with pytest.raises(ValueError, match="never rewritten"):
+        history[0].save()
+
+
+@pytest.mark.django_db
+def test_the_backfill_gives_versions_activated_before_the_history_their_order_of_archiving(workflow):
+    import importlib
+
+    from django.apps import apps
+    from django.utils import timezone
+
+    from workflows.models import VersionActivation
+    from workflows.selectors import rollback_target
+
+    migration = importlib.import_module("workflows.migrations.0005_version_activation_history")
+    versions = [workflow_version_create(workflow=workflow, dsl=two_nodes(description=str(n)))[0] for n in range(3)]
+    for version in versions:
+        workflow_version_activate(version=version)
+    VersionActivation.objects.all().delete()  # as a database migrated from before the history was kept
+    WorkflowVersion.objects.filter(pk=versions[1].pk).update(updated_at=timezone.now())  # archived last
+    migration.backfill(apps, None)
+    assert rollback_target(workflow_id=workflow.pk) == versions[1]
+    assert VersionActivation.objects.filter(workflow=workflow).count() == 3
