@@ -247,3 +247,17 @@ def test_the_backfill_gives_versions_activated_before_the_history_their_order_of
     migration.backfill(apps, None)
     assert rollback_target(workflow_id=workflow.pk) == versions[1]
     assert VersionActivation.objects.filter(workflow=workflow).count() == 3
+
+
+@pytest.mark.django_db
+def test_the_diff_of_two_versions_names_a_change_of_hand_off_order_and_not_of_tool_order(workflow):
+    from tests.workflows.conftest import graph, node
+    from workflows.selectors import version_diff
+
+    def ordered(targets, tools):
+        return graph("a", node("a", handoffs=targets, tools=tools), node("b", handoffs=["end"]),
+                     node("c", handoffs=["end"]))
+
+    old, _ = workflow_version_create(workflow=workflow, dsl=ordered(["b", "c"], ["knowledge_search", "skill_load"]))
+    new, _ = workflow_version_create(workflow=workflow, dsl=ordered(["c", "b"], ["skill_load", "knowledge_search"]))
+    assert version_diff(old, new)["nodes"]["a"] == {"change": "changed", "fields": ["handOffs"], "prompt_diff": []}
