@@ -712,10 +712,10 @@ def test_promote_then_a_refused_promotion_then_rollback(api_as, owner, workspace
     assert client.get(f"{PROMOTIONS}{body['id']}/").json()["evidence"] == body["evidence"]
 
 
-def test_rollback_with_nothing_archived_is_409(api_as, owner, workspace):
+def test_rollback_with_no_earlier_active_version_is_409(api_as, owner, workspace):
     version = new_version(workspace)
     error = error_of(api_as(owner).post(f"{WORKFLOWS}{version.workflow_id}/rollback/"), 409)
-    assert "no archived version" in error["message"]
+    assert "no earlier active version" in error["message"]
     assert not Promotion.objects.exists()
 
 
