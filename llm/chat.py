@@ -32,15 +32,14 @@ import hashlib
 import json
 import logging
 import os
-import random
 import re
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from django.conf import settings
 
+from llm.retry import RetryPolicy, wait
 from llm.usage import Usage, record_usage
 
 logger = logging.getLogger("llm.chat")
@@ -309,32 +308,21 @@ def get_chat_provider(resolved: ResolvedModel) -> ChatProvider:
     return _openai_provider(resolved.provider, resolved.base_url, resolved.api_key, settings.LLM_TIMEOUT_SECONDS)
 
 
-_sleep = time.sleep  # replaced by tests
-
-
-def _retry_delay(attempt: int, exc: TransientChatError) -> float:
-    cap = float(settings.LLM_RETRY_BACKOFF_CAP_SECONDS)
-    if exc.retry_after is not None:
-        return min(cap, max(0.0, exc.retry_after))
-    delay = min(cap, float(settings.LLM_RETRY_BACKOFF_SECONDS) * 2 ** (attempt - 1))
-    return delay * (0.5 + random.random() / 2)
-
-
 def _complete_with_retries(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel) -> ChatResponse:
-    retries = int(settings.LLM_MAX_RETRIES)
+    policy = RetryPolicy.from_settings()
     attempt = 0
     while True:
         try:
             return provider.complete(request, resolved)
         except TransientChatError as exc:
             attempt += 1
-            if attempt > retries:
+            delay = policy.delay(attempt, retry_after=exc.retry_after)
+            if delay is None:
                 raise TransientChatError(f"{resolved.provider} model {resolved.model!r} failed after {attempt} "
                                          f"attempts: {exc}", retry_after=exc.retry_after) from exc
-            delay = _retry_delay(attempt, exc)
             logger.warning("chat call to %s %r failed (%s), retry %d/%d in %.1fs",
-                           resolved.provider, resolved.model, exc, attempt, retries, delay)
-            _sleep(delay)
+                           resolved.provider, resolved.model, exc, attempt, policy.max_retries, delay)
+            wait(delay)
 
 
 def chat(request: ChatRequest, *, cache=None) -> tuple[ChatResponse, bool]:

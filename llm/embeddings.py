@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import random
 import threading
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -25,6 +23,7 @@ import numpy as np
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from llm.retry import RetryPolicy, retry_after_of, wait
 from llm.usage import Usage, estimate_tokens, record_usage
 
 logger = logging.getLogger("llm.embeddings")
@@ -301,24 +300,21 @@ def _unit_rows(sums: np.ndarray) -> np.ndarray:
 class OpenAIEmbeddingProvider(EmbeddingProvider):
     """The OpenAI embeddings endpoint through the official client, with any OpenAI-compatible base URL
     (vLLM, Ollama, LM Studio). Requests hold at most `batch_size` texts; rate limits, timeouts,
-    connection errors and 5xx answers are retried with capped exponential backoff and jitter
-    (honouring Retry-After), other errors fail at once with the server's message."""
+    connection errors and 5xx answers are retried as chat calls are (llm/retry.py: Retry-After,
+    retry-after-ms, LLM_MAX_RETRIES), other errors fail at once with the server's message."""
 
-    name = "openai"
     MAX_INPUT_CHARS = 24_000  # about 6,000 tokens: under the 8,191-token input limit
 
     def __init__(self, *, model: str, dimensions: int, api_key: str = "", base_url: str | None = None,
-                 batch_size: int = 64, timeout: float = 60.0, max_retries: int = 5, backoff_base: float = 1.0,
-                 backoff_cap: float = 30.0, sleep: Callable[[float], None] = time.sleep, client=None):
+                 batch_size: int = 64, timeout: float = 60.0, retry: RetryPolicy | None = None,
+                 name: str = "openai", client=None):
         import openai
 
+        self.name = name
         self.model = model
         self.dimensions = dimensions
         self.batch_size = batch_size
-        self.max_retries = max_retries
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
-        self._sleep = sleep
+        self.retry = retry
         self._openai = openai
         # the client's own retries are off: ours know about Retry-After and count every attempt
         self.client = client or openai.OpenAI(api_key=api_key or "no-key", base_url=base_url, timeout=timeout,
@@ -340,6 +336,7 @@ class OpenAIEmbeddingProvider(EmbeddingProvider):
         kwargs = {"model": self.model, "input": batch, "encoding_format": "float"}
         if self.send_dimensions:
             kwargs["dimensions"] = self.dimensions
+        policy = self.retry or RetryPolicy.from_settings()
         attempt = 0
         while True:
             try:
@@ -348,14 +345,14 @@ class OpenAIEmbeddingProvider(EmbeddingProvider):
             except (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError,
                     openai.InternalServerError) as exc:
                 attempt += 1
-                if attempt > self.max_retries:
+                delay = policy.delay(attempt, retry_after=retry_after_of(exc))
+                if delay is None:
                     raise TransientEmbeddingError(
                         f"embedding request failed after {attempt} attempts: {type(exc).__name__}: {exc}"
                     ) from exc
-                delay = self._delay(attempt, exc)
                 logger.warning("embedding request failed (%s), retry %d/%d in %.1fs",
-                               type(exc).__name__, attempt, self.max_retries, delay)
-                self._sleep(delay)
+                               type(exc).__name__, attempt, policy.max_retries, delay)
+                wait(delay)
             except openai.APIStatusError as exc:
                 raise EmbeddingError(f"the embedding server refused the request ({exc.status_code}): "
                                      f"{_server_message(exc)}") from exc
@@ -374,17 +371,6 @@ class OpenAIEmbeddingProvider(EmbeddingProvider):
         usage = getattr(response, "usage", None)
         tokens = getattr(usage, "prompt_tokens", None) or sum(estimate_tokens(text) for text in batch)
         return vectors, int(tokens)
-
-    def _delay(self, attempt: int, exc: Exception) -> float:
-        response = getattr(exc, "response", None)
-        retry_after = response.headers.get("retry-after") if response is not None else None
-        if retry_after:
-            try:
-                return min(self.backoff_cap, max(0.0, float(retry_after)))
-            except ValueError:
-                pass
-        delay = min(self.backoff_cap, self.backoff_base * 2 ** (attempt - 1))
-        return delay * (0.5 + random.random() / 2)
 
 
 def _server_message(exc) -> str:

@@ -16,6 +16,7 @@ from llm.chat import (
     TransientChatError,
     parse_tool_arguments,
 )
+from llm.retry import retry_after_of
 from llm.usage import Usage, estimate_tokens
 
 # statuses the openai client itself would retry besides 429 and 5xx: a request timeout and a lock conflict
@@ -53,11 +54,11 @@ class OpenAIChatProvider(ChatProvider):
         except (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError,
                 openai.InternalServerError) as exc:
             raise TransientChatError(f"{type(exc).__name__}: {_server_message(exc)}",
-                                     retry_after=_retry_after(exc)) from exc
+                                     retry_after=retry_after_of(exc)) from exc
         except openai.APIStatusError as exc:
             message = f"{self.name} refused the chat request ({exc.status_code}): {_server_message(exc)}"
             if exc.status_code in _TRANSIENT_STATUSES:
-                raise TransientChatError(message, retry_after=_retry_after(exc)) from exc
+                raise TransientChatError(message, retry_after=retry_after_of(exc)) from exc
             raise ChatError(message) from exc
         except openai.OpenAIError as exc:  # an answer the client could not read
             raise ChatError(f"{self.name} answered the chat request with something unreadable: {exc}") from exc
@@ -85,21 +86,6 @@ class OpenAIChatProvider(ChatProvider):
                                input_tokens=int(input_tokens), output_tokens=int(output_tokens)),
             latency_ms=latency_ms, finish_reason=choice.finish_reason or ("tool_calls" if tool_calls else "stop"),
         )
-
-
-def _retry_after(exc) -> float | None:
-    """The wait the server asked for, in seconds (retry-after-ms, else retry-after in seconds)."""
-    response = getattr(exc, "response", None)
-    if response is None:
-        return None
-    for header, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = response.headers.get(header)
-        try:
-            if value:
-                return max(0.0, float(value) / scale)
-        except ValueError:  # an HTTP date: fall back to our own backoff
-            continue
-    return None
 
 
 def _server_message(exc) -> str:

@@ -20,7 +20,7 @@ from evals.graders import (
     graders_hash,
     validate_graders,
 )
-from llm import chat as chat_module
+from llm import retry
 from tests.llm.conftest import FakeOpenAIChat
 
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -51,7 +51,7 @@ def judge_server(settings, monkeypatch):
         settings.OPENAI_BASE_URL = server.url("/v1")
         settings.LLM_MAX_RETRIES = 0
         settings.EVAL_JUDGE_MODEL = "gpt-4.1-mini"
-        monkeypatch.setattr(chat_module, "_sleep", lambda seconds: None)
+        monkeypatch.setattr(retry, "_sleep", lambda seconds: None)
         yield server
 
 

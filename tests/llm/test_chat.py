@@ -9,6 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from config.settings.llm import _providers
 from llm import chat as chat_module
+from llm import retry
 from llm.chat import (
     ChatError,
     ChatProvider,
@@ -226,7 +227,7 @@ def scripted(settings, monkeypatch):
     settings.LLM_RETRY_BACKOFF_SECONDS = 1.0
     settings.LLM_RETRY_BACKOFF_CAP_SECONDS = 3.0
     sleeps: list[float] = []
-    monkeypatch.setattr(chat_module, "_sleep", sleeps.append)
+    monkeypatch.setattr(retry, "_sleep", sleeps.append)
 
     def install(*outcomes):
         provider = ScriptedProvider(outcomes)

@@ -13,6 +13,7 @@ from llm.embeddings import (
     TransientEmbeddingError,
     get_embedding_provider,
 )
+from llm.retry import RetryPolicy
 from llm.usage import usage_meter
 from tests.knowledge.servers import FakeOpenAI
 
@@ -87,14 +88,22 @@ def test_openai_vectors_keep_the_order_of_the_texts(openai_server):
     assert np.allclose(together, alone, atol=1e-6)
 
 
-def test_openai_rate_limit_is_retried_with_retry_after(openai_server):
-    sleeps = []
+@pytest.fixture
+def sleeps(monkeypatch):
+    from llm import retry
+
+    waited: list[float] = []
+    monkeypatch.setattr(retry, "_sleep", waited.append)
+    return waited
+
+
+def test_openai_rate_limit_is_retried_with_retry_after(openai_server, sleeps):
     openai_server.failures = [
         (429, {"Content-Type": "application/json", "Retry-After": "2"},
          '{"error": {"message": "Rate limit reached", "type": "requests"}}'),
         (503, {"Content-Type": "application/json"}, '{"error": {"message": "overloaded"}}'),
     ]
-    provider = _provider(openai_server, sleep=sleeps.append, backoff_base=0.5)
+    provider = _provider(openai_server, retry=RetryPolicy(max_retries=5, backoff_seconds=0.5, cap_seconds=30))
     vectors = provider.embed(["retry me"]).vectors
     assert vectors.shape == (1, 384)
     assert sleeps[0] == 2.0  # the server's Retry-After
@@ -102,20 +111,21 @@ def test_openai_rate_limit_is_retried_with_retry_after(openai_server):
     assert len(openai_server.requests) == 3
 
 
-def test_openai_gives_up_after_max_retries_with_a_transient_error(openai_server):
+def test_openai_gives_up_after_max_retries_with_a_transient_error(openai_server, sleeps):
     openai_server.failures = [(429, {"Content-Type": "application/json"}, '{"error": {"message": "slow down"}}')] * 3
-    provider = _provider(openai_server, sleep=lambda s: None, max_retries=2)
+    provider = _provider(openai_server, retry=RetryPolicy(max_retries=2, backoff_seconds=0, cap_seconds=0))
     with pytest.raises(TransientEmbeddingError, match="after 3 attempts"):
         provider.embed(["x"])
 
 
-def test_openai_bad_request_fails_at_once_with_the_server_message(openai_server):
+def test_openai_bad_request_fails_at_once_with_the_server_message(openai_server, sleeps):
     openai_server.failures = [(400, {"Content-Type": "application/json"},
                                '{"error": {"message": "This model does not exist", "type": "invalid_request"}}')]
-    provider = _provider(openai_server, sleep=lambda s: pytest.fail("must not retry"))
+    provider = _provider(openai_server)
     with pytest.raises(EmbeddingError, match="This model does not exist") as caught:
         provider.embed(["x"])
     assert not isinstance(caught.value, TransientEmbeddingError)
+    assert sleeps == []
 
 
 def test_openai_model_of_another_width_is_a_clear_error():
@@ -155,3 +165,18 @@ def test_offline_v1_is_kept_for_stored_vectors_and_differs_from_v2():
     assert not np.allclose(v1, v2)
     assert np.array_equal(v1, OfflineEmbeddingProvider(dimensions=64, model="offline-hash-v1")
                           .embed(["durable workflows"]).vectors)
+
+
+def test_openai_embeddings_follow_the_one_retry_policy(settings, openai_server, sleeps):
+    """Embeddings wait as chat calls do: the server's retry-after-ms, and LLM_MAX_RETRIES retries at most."""
+    settings.EMBEDDING_PROVIDER = "openai"
+    settings.EMBEDDING_MODEL = "text-embedding-3-small"
+    settings.OPENAI_API_KEY = "sk-settings"
+    settings.OPENAI_BASE_URL = openai_server.url("/v1")
+    settings.LLM_MAX_RETRIES = 1
+    openai_server.failures = [(429, {"Content-Type": "application/json", "retry-after-ms": "1500"},
+                               '{"error": {"message": "slow down"}}')] * 3
+    with pytest.raises(TransientEmbeddingError, match="after 2 attempts"):
+        get_embedding_provider().embed(["x"])
+    assert sleeps == [1.5]
+    assert len(openai_server.requests) == 2

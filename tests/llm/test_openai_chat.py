@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from llm import chat as chat_module
+from llm import retry
 from llm.chat import ChatError, ChatRequest, ToolSpec, TransientChatError, chat
 from llm.usage import usage_meter
 
@@ -25,7 +25,7 @@ def online(settings, openai_server, monkeypatch):
     settings.LLM_RETRY_BACKOFF_SECONDS = 0.5
     settings.LLM_RETRY_BACKOFF_CAP_SECONDS = 10.0
     sleeps: list[float] = []
-    monkeypatch.setattr(chat_module, "_sleep", sleeps.append)
+    monkeypatch.setattr(retry, "_sleep", sleeps.append)
     openai_server.sleeps = sleeps
     return openai_server
 
