@@ -16,6 +16,7 @@ from llm.chat import (
     TransientChatError,
     parse_tool_arguments,
 )
+from llm.model_options import model_options
 from llm.retry import retry_after_of
 from llm.usage import Usage, estimate_tokens
 
@@ -25,7 +26,8 @@ _TRANSIENT_STATUSES = {408, 409}
 
 class OpenAIChatProvider(ChatProvider):
     """POST /chat/completions with the request's messages, tools (tool_choice "auto"), response format,
-    temperature and max_tokens. Rate limits, timeouts, lost connections and 5xx answers raise
+    temperature and token limit, shaped for the model (llm/model_options.py: reasoning models get
+    max_completion_tokens and no temperature). Rate limits, timeouts, lost connections and 5xx answers raise
     TransientChatError (with the server's Retry-After), any other refusal ChatError with its message."""
 
     def __init__(self, *, name: str = "openai", base_url: str | None = None, api_key: str = "",
@@ -40,14 +42,19 @@ class OpenAIChatProvider(ChatProvider):
 
     def complete(self, request: ChatRequest, resolved: ResolvedModel) -> ChatResponse:
         openai = self._openai
-        kwargs: dict = {"model": resolved.model, "messages": request.messages, "temperature": request.temperature}
+        options = model_options(resolved.provider, resolved.model)
+        kwargs: dict = {"model": resolved.model, "messages": request.messages}
+        if options.temperature:
+            kwargs["temperature"] = request.temperature
         if request.tools:
             kwargs["tools"] = [tool.as_openai() for tool in request.tools]
             kwargs["tool_choice"] = "auto"
         if request.response_format:
             kwargs["response_format"] = request.response_format
         if request.max_tokens is not None:
-            kwargs["max_tokens"] = request.max_tokens
+            kwargs[options.token_limit_param] = request.max_tokens
+        if options.extra_body:
+            kwargs["extra_body"] = options.extra_body
         started = time.perf_counter()
         try:
             completion = self.client.chat.completions.create(**kwargs)
