@@ -90,9 +90,16 @@ class OpenAIChatProvider(ChatProvider):
         return ChatResponse(
             content=content, tool_calls=tool_calls,
             usage=Usage.priced(provider=self.name, model=completion.model or resolved.model,
-                               input_tokens=int(input_tokens), output_tokens=int(output_tokens)),
+                               input_tokens=int(input_tokens), output_tokens=int(output_tokens),
+                               cached_input_tokens=_cached_tokens(usage), requested=resolved.model),
             latency_ms=latency_ms, finish_reason=choice.finish_reason or ("tool_calls" if tool_calls else "stop"),
         )
+
+
+def _cached_tokens(usage) -> int:
+    """Input tokens the provider read from its prompt cache (billed lower), when it says."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    return int(getattr(details, "cached_tokens", None) or 0)
 
 
 def _server_message(exc) -> str:
