@@ -251,6 +251,38 @@ def resolve_model(model_name: str) -> ResolvedModel:
     return ResolvedModel(provider, model, config.url(), api_key)
 
 
+def _strict_compatible(schema) -> bool:
+    """Whether OpenAI's strict mode accepts `schema`: every object closed (additionalProperties false)
+    with all its properties required, all the way down."""
+    if not isinstance(schema, dict):
+        return False
+    if schema.get("type") == "object":
+        properties = schema.get("properties") or {}
+        return (schema.get("additionalProperties") is False and set(schema.get("required") or ()) == set(properties)
+                and all(_strict_compatible(value) for value in properties.values()))
+    if schema.get("type") == "array":
+        return _strict_compatible(schema.get("items"))
+    return True
+
+
+def structured_output_format(model_name: str, schema: dict | None) -> dict | None:
+    """The response_format asking `model_name` for JSON following `schema` (a workflow's outputSchema),
+    when the provider it resolves to honours structured outputs (its ``structured_outputs`` flag in
+    LLM_PROVIDERS; the offline model reads the schema from the prompt's directives instead). None for
+    an empty or non-object schema, an unknown model, or a provider without the flag."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return None
+    try:
+        resolved = resolve_model(model_name)
+    except UnknownModel:
+        return None
+    config = configured_providers().get(resolved.provider)
+    if config is None or not config.structured_outputs:
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema,
+                                                   "strict": _strict_compatible(schema)}}
+
+
 def model_problem(model_name: str) -> str | None:
     """Why `model_name` cannot be called on this install, or None when it can (workflow validation)."""
     try:

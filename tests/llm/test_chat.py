@@ -23,6 +23,7 @@ from llm.chat import (
     chat,
     model_problem,
     resolve_model,
+    structured_output_format,
 )
 from llm.providers import ProviderLimits, provider_config, provider_limits
 from llm.usage import Usage, usage_meter
@@ -354,3 +355,12 @@ def test_cleaning_keeps_surrogate_pairs_and_clean_text_as_it_is():
     assert clean_text("\udc00\ud800x\x00") == "\ufffd\ufffdx"
     response = ChatResponse(content="Zürich 🏔", tool_calls=(ToolCall("c", "t", {"a": [1, None, True]}, "{}"),))
     assert clean_response(response) == response
+
+
+def test_structured_output_format_follows_the_providers_flag(online_mode):
+    open_schema = {"type": "object", "properties": {"answer": {"type": "string"}}}
+    assert structured_output_format("gpt-4.1-mini", open_schema) == {"type": "json_schema", "json_schema": {
+        "name": "output", "schema": open_schema, "strict": False}}  # strict mode would refuse an open object
+    assert structured_output_format("openrouter#openai/gpt-4.1-mini", open_schema) is None  # flag off by default
+    assert structured_output_format("gpt-4.1-mini", {}) is None
+    assert structured_output_format("offline-directive-v1", open_schema) is None

@@ -154,3 +154,28 @@ def test_a_priced_model_of_a_router_runs_and_costs_the_databases_price(chat_serv
     invocation = invoke(make_version(graph("a", node("a", model="openrouter#openai/gpt-4.1-mini"))), {"text": "x"})
     assert invocation.status == "completed", invocation.error
     assert invocation.usd_cost == Decimal("0.40")  # OpenRouter's price of gpt-4.1-mini, from genai-prices
+
+
+OUTPUT_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+                 "additionalProperties": False}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("structured", [True, False])
+def test_the_output_schema_is_sent_as_a_response_format_where_the_provider_supports_it(
+        chat_server, settings, make_version, invoke, structured):
+    settings.LLM_PROVIDERS = {"local": {"base_url": chat_server.url("/v1"), "structured_outputs": structured}}
+    settings.LLM_PRICES = {"local#*": {"input": 0, "output": 0}}
+    chat_server.chat_replies = [{"content": "routed"}, {"content": '{"answer": "five days"}'}]
+    dsl = {**graph("triage", node("triage", model="local#qwen2.5:14b", handoffs=["answer"]),
+                   node("answer", model="local#qwen2.5:14b", handoffs=["end"])), "outputSchema": OUTPUT_SCHEMA}
+    invocation = invoke(make_version(dsl), {"text": "How long is a refund?"})
+    assert invocation.status == "completed", invocation.error
+    assert invocation.output["json"] == {"answer": "five days"}
+    triage, answer = chat_server.chat_payloads
+    assert "response_format" not in triage  # its answer goes to another node, not to the caller
+    if structured:
+        assert answer["response_format"] == {"type": "json_schema", "json_schema": {
+            "name": "output", "schema": OUTPUT_SCHEMA, "strict": True}}
+    else:
+        assert "response_format" not in answer  # asked for in the prompt, as the workflow's author wrote it
