@@ -5,7 +5,8 @@ never fetched at run time).
 ``LLM_PRICES`` keys, most specific first: ``"<provider>#<model>"``, ``"<provider>#*"`` (every model of
 a provider, e.g. a free local server), then ``"<model>"``; values are USD per million tokens,
 ``{"input": 0.4, "output": 1.6}``. In the database a provider is found by its name when the database
-knows it (``openai``, ``openrouter``, ``groq``...), else by its base URL. The offline models cost 0.
+knows it (``openai``, ``openrouter``, ``groq``...), else by its base URL. The offline models cost 0
+unless ``LLM_PRICES`` prices them (tests of budgets do).
 
 A model priced by neither costs 0 and is logged once; ``price_problem`` says so before a run under a
 USD budget starts (a budget such a model's calls never count against would never bind).
@@ -58,12 +59,12 @@ def _database_cost(provider: str, model: str, input_tokens: int, output_tokens: 
 
 def _cost(provider: str, model: str, input_tokens: int, output_tokens: int, cached_input_tokens: int
           ) -> Decimal | None:
-    if model in FREE_MODELS:
-        return Decimal(0)
     entry = _override(provider, model)
     if entry is not None:
         return (Decimal(str(entry.get("input", 0))) * input_tokens
                 + Decimal(str(entry.get("output", 0))) * output_tokens) / _MILLION
+    if model in FREE_MODELS:
+        return Decimal(0)
     return _database_cost(provider, model, input_tokens, output_tokens, cached_input_tokens)
 
 

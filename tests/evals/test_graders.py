@@ -118,7 +118,7 @@ def test_graders_hash_is_the_same_for_equivalent_configs_and_differs_otherwise()
     ([{"kind": "numeric", "percent": "yes"}], "graders[0].percent", "true or false"),
     ([{"kind": "json_schema", "schema": {"type": "nope"}}], "graders[0].schema", "Draft 2020-12"),
     ([{"kind": "json_schema", "schema": "object"}], "graders[0].schema", "schema object"),
-    ([{"kind": "llm_judge", "model": "nosuch#gpt-4o"}], "graders[0].model", "not configured"),
+    ([{"kind": "llm_judge", "model": "#gpt-4o"}], "graders[0].model", "empty provider prefix"),
 ])
 def test_configuration_errors_name_the_entry_and_the_option(config, key, words):
     with pytest.raises(GraderConfigError) as caught:
