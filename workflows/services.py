@@ -132,8 +132,10 @@ class InvalidInvocationState(ValueError):
 
 def version_problems(version: WorkflowVersion) -> dict[str, list[str]]:
     """What stops `version` from running on this installation now: each tool it names that no
-    built-in or registered MCP server provides, and each model no configured provider serves."""
+    built-in or registered MCP server provides, each model no configured provider serves, and each
+    model with no known price (every run has a USD budget, which such a model would never count against)."""
     from llm.chat import model_problem
+    from llm.prices import price_problem
     from workflows.mcp_services import mcp_available_tools
 
     needs_mcp = any(node["mcpTools"] for node in version.dsl["nodes"])
@@ -145,7 +147,8 @@ def version_problems(version: WorkflowVersion) -> dict[str, list[str]]:
                              for name in missing]
     models = []
     for node in version.dsl["nodes"]:
-        problem = model_problem(node["gatewayModelId"])
+        # every run has a USD budget: a model with no price would never count against it
+        problem = model_problem(node["gatewayModelId"]) or price_problem(node["gatewayModelId"])
         if problem:
             models.append(f"{node['nodeId']}.{node['gatewayModelId']}: {problem}")
     if models:

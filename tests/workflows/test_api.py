@@ -356,7 +356,9 @@ def test_activate_archives_the_version_active_before(api_as, owner, workspace):
 # -------------------------------------------------------------------------------------- invocations
 
 
-def test_invoking_a_version_with_missing_tools_and_models_is_refused_naming_each(api_as, owner, workspace):
+def test_invoking_a_version_with_missing_tools_and_models_is_refused_naming_each(api_as, owner, workspace, settings):
+    # with real providers, a prefix no provider serves is a missing model (offline, the offline model answers it)
+    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
     dsl = graph("planner", node("planner", model="nosuchprovider#x", tools=["tavily"], handoffs=["writer"]),
                 node("writer", model=MODEL, mcp=["browser"]))
     _, version = make_workflow(workspace, dsl=dsl)

@@ -111,7 +111,9 @@ def test_the_usd_budget_fails_the_invocation_with_that_reason(make_version, invo
     assert invocation.usd_cost == first.usd_cost
 
 
-def test_a_version_with_missing_tools_or_models_is_refused_before_anything_runs(make_version):
+def test_a_version_with_missing_tools_or_models_is_refused_before_anything_runs(make_version, settings):
+    # with real providers, a prefix no provider serves is a missing model (offline, the offline model answers it)
+    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
     version = make_version(graph(
         "a", node("a", tools=["csvReader", "knowledge_search"], mcp=["tavily"], handoffs=["b"]),
         node("b", model="nowhere#some/model")))
