@@ -48,7 +48,7 @@ REEVALUATE_WORKFLOW = "evals.reevaluate"
 def reevaluate(ctx, input: dict | None = None) -> dict:
     """Re-evaluate the active version of every golden set's workflow in the run's workspace (each
     an eval run, as a child run) and flag each that dropped significantly since its previous run."""
-    created = ctx.transaction("runs", execution.reevaluation_runs_create, ctx.namespace)
+    created = ctx.transaction("runs", execution.reevaluation_runs_create, ctx.namespace, ctx.run_id)
     runs = created["runs"]
     ctx.all([Child(EVAL_WORKFLOW, {"eval_run_id": run_id}, name=f"eval:{run_id}") for run_id in runs],
             return_exceptions=True)

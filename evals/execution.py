@@ -103,8 +103,8 @@ def eval_begin(eval_run_id: int, namespace: str, run_id: str) -> dict:
 
 
 def eval_invocations_create(eval_run_id: int, item_ids: list[int]) -> dict:
-    """The invocations of a batch of items (run in a ``ctx.transaction``: created exactly once).
-    Returns {item id: invocation id}."""
+    """The invocations of a batch of items (run in a ``ctx.transaction``: created exactly once), each
+    naming the eval run's run as its parent. Returns {item id: invocation id}."""
     run = EvalRun.objects.select_related("workflow_version").get(pk=eval_run_id)
     items = GoldenItem.objects.in_bulk(item_ids)
     out = {}
@@ -112,7 +112,7 @@ def eval_invocations_create(eval_run_id: int, item_ids: list[int]) -> dict:
         invocation = WorkflowInvocation.objects.create(
             workspace_id=run.workspace_id, workflow_version=run.workflow_version, input=items[item_id].input,
             node_budget=run.config["node_budget"], usd_budget=Decimal(run.config["usd_budget"]),
-            created_by_id=run.created_by_id)
+            parent_run_id=run.durable_run_id, created_by_id=run.created_by_id)
         out[str(item_id)] = invocation.pk
     return out
 
@@ -205,10 +205,11 @@ def eval_fail(eval_run_id: int, error: str, status: str = EvalRun.Status.FAILED,
         status=status, error=error[:5000], ended_at=now(), updated_at=now())
 
 
-def reevaluation_runs_create(namespace: str) -> dict:
+def reevaluation_runs_create(namespace: str, parent_run_id: str | None = None) -> dict:
     """The eval runs of a scheduled re-evaluation (in a ``ctx.transaction``: created once): one per
     golden set of the namespace's workspace whose workflow has an active version that can run here,
-    results not reused (the point is to see drift). Returns {"runs": [ids], "skipped": [reasons]}."""
+    results not reused (the point is to see drift), each naming `parent_run_id` (the re-evaluation's
+    run) as its parent. Returns {"runs": [ids], "skipped": [reasons]}."""
     from evals.models import GoldenSet
     from evals.services import EvalError, eval_run_prepare
     from workflows.models import WorkflowVersion
@@ -221,7 +222,8 @@ def reevaluation_runs_create(namespace: str) -> dict:
         if version is None or not golden.items.exists():
             continue
         try:
-            run = eval_run_prepare(golden_set=golden, version=version, reuse=False, origin=EvalRun.Origin.SCHEDULE)
+            run = eval_run_prepare(golden_set=golden, version=version, reuse=False, origin=EvalRun.Origin.SCHEDULE,
+                                   parent_run_id=parent_run_id)
         except EvalError as exc:
             skipped.append(f"{golden.name}: {exc}")
             continue
@@ -258,11 +260,11 @@ def regression_check(eval_run_id: int) -> dict:
 
 def eval_runs_reconcile(*, limit: int = 500) -> int:
     """End the eval runs whose durable run ended without them (cancelled with a parent evolution run,
-    from the durable admin, declared dead, or deleted). Returns how many."""
+    from the durable admin, declared dead, or deleted), and those whose parent run (an evolution, a
+    re-evaluation) ended before their own runs began. Returns how many."""
     from durable.selectors import runs_ended_without_owner
 
-    active = EvalRun.objects.exclude(status__in=EvalRun.TERMINAL).exclude(durable_run_id=None)
-    ended = runs_ended_without_owner(active.values_list("pk", "durable_run_id")[:limit])
+    ended = runs_ended_without_owner(EvalRun.objects.filter(status__in=EvalRun.ACTIVE), limit=limit)
     for pk, state, reason in ended:
         eval_fail(pk, reason, status=state)
     return len(ended)

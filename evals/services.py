@@ -91,11 +91,12 @@ def item_errors(*, input, expected_output, scoring_criteria, rubric, tags, metad
 
 def eval_run_prepare(*, golden_set: GoldenSet, version: WorkflowVersion, user=None, reuse: bool = True,
                      origin: str = EvalRun.Origin.MANUAL, concurrency: int | None = None,
-                     node_budget: int | None = None, usd_budget=None, item_ids: list[int] | None = None) -> EvalRun:
+                     node_budget: int | None = None, usd_budget=None, item_ids: list[int] | None = None,
+                     parent_run_id: str | None = None) -> EvalRun:
     """Validate and write an eval run (queued, no durable run yet): what `eval_run_start` starts, and
-    what a parent run (a re-evaluation, an evolution) runs as its child. EvalError when the set has
-    no items, the version is of another workspace or cannot run here (missing tools or models).
-    `item_ids` restricts the run to those items of the set (a minibatch)."""
+    what a parent run (a re-evaluation, an evolution: `parent_run_id`) runs as its child. EvalError
+    when the set has no items, the version is of another workspace or cannot run here (missing tools
+    or models). `item_ids` restricts the run to those items of the set (a minibatch)."""
     from evals.graders import GraderConfigError, validate_graders
     from workflows.conf import workflow_settings
     from workflows.services import version_problems
@@ -128,7 +129,7 @@ def eval_run_prepare(*, golden_set: GoldenSet, version: WorkflowVersion, user=No
     if item_ids is not None:
         config["item_ids"] = sorted(int(pk) for pk in item_ids)
     return EvalRun.objects.create(workspace=golden_set.workspace, golden_set=golden_set, workflow_version=version,
-                                  reuse=reuse, origin=origin, config=config,
+                                  reuse=reuse, origin=origin, config=config, parent_run_id=parent_run_id,
                                   created_by=user if getattr(user, "pk", None) else None)
 
 

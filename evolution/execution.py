@@ -94,7 +94,7 @@ def eval_runs_create(run_id: int, version_ids: list[int], item_ids: list[int] | 
         try:
             eval_run = eval_run_prepare(golden_set=run.golden_set, version=version, reuse=True,
                                         origin=EvalRun.Origin.EVOLUTION, concurrency=run.config.get("concurrency"),
-                                        item_ids=item_ids, user=run.created_by)
+                                        item_ids=item_ids, user=run.created_by, parent_run_id=run.durable_run_id)
         except EvalError as exc:
             out[str(version.pk)] = str(exc)
             continue
@@ -305,8 +305,7 @@ def evolution_runs_reconcile(*, limit: int = 200) -> int:
     declared dead, or deleted). Returns how many."""
     from durable.selectors import runs_ended_without_owner
 
-    active = EvolutionRun.objects.exclude(status__in=EvolutionRun.TERMINAL).exclude(durable_run_id=None)
-    ended = runs_ended_without_owner(active.values_list("pk", "durable_run_id")[:limit])
+    ended = runs_ended_without_owner(EvolutionRun.objects.filter(status__in=EvolutionRun.ACTIVE), limit=limit)
     for pk, state, reason in ended:
         evolution_fail(pk, reason, status=state)
     return len(ended)

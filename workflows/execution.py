@@ -410,12 +410,13 @@ def context_store(invocation_id: int, node_invocation_id: int | None, *, key: st
 
 def invocations_reconcile(*, limit: int = 500) -> int:
     """End the invocations whose durable run ended without them: a run cancelled from the durable
-    admin or API, declared dead after too many crashed turns, or deleted by retention. Such an
-    invocation takes its run's state (cancelled or failed) with the reason. Returns how many."""
+    admin or API, declared dead after too many crashed turns, or deleted by retention; and an eval
+    run's items whose eval run ended before their runs began. Such an invocation takes its run's
+    state (cancelled or failed) with the reason. Returns how many."""
     from durable.selectors import runs_ended_without_owner
 
-    active = WorkflowInvocation.objects.exclude(status__in=WorkflowInvocation.TERMINAL).exclude(durable_run_id=None)
-    ended = runs_ended_without_owner(active.values_list("pk", "durable_run_id")[:limit])
+    active = WorkflowInvocation.objects.filter(status__in=WorkflowInvocation.ACTIVE)
+    ended = runs_ended_without_owner(active, limit=limit)
     for pk, state, reason in ended:
         invocation_fail(pk, reason, status=state)
     return len(ended)

@@ -196,3 +196,32 @@ def test_rollback_goes_to_the_version_archived_last(make_version):
     for version in (second, first, third):  # first is archived last, when third takes over
         workflow_version_activate(version=version)
     assert version_rollback(workflow=first.workflow).workflow_version == first
+
+
+def test_cancelling_an_eval_run_before_its_items_start_ends_their_invocations(support_set, support_versions):
+    from durable import engine
+    from evals.services import eval_run_cancel
+    from workflows.execution import invocations_reconcile
+
+    run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=6)
+    engine.execute_turn(run.durable_run_id)  # begun: the items' invocations are written, their runs not begun
+    invocations = WorkflowInvocation.objects.filter(workflow_version=support_versions[0])
+    assert invocations.count() == 6 and set(invocations.values_list("status", flat=True)) == {"queued"}
+    assert eval_run_cancel(eval_run=run)
+    assert invocations_reconcile() == 6
+    assert set(invocations.values_list("status", flat=True)) == {"cancelled"}
+    assert all(run.durable_run_id in error for error in invocations.values_list("error", flat=True))
+    assert invocations_reconcile() == 0
+
+
+def test_the_reconcile_reaches_an_eval_run_behind_any_number_of_active_ones(support_set, support_versions):
+    from durable.services import run_cancel
+    from evals.execution import eval_runs_reconcile
+
+    waiting = eval_run_start(golden_set=support_set, version=support_versions[0])  # queued: legitimately active
+    cancelled = eval_run_start(golden_set=support_set, version=support_versions[1])
+    run_cancel(run_id=cancelled.durable_run_id, reason="from the durable admin")
+    assert eval_runs_reconcile(limit=1) == 1
+    waiting.refresh_from_db()
+    cancelled.refresh_from_db()
+    assert cancelled.status == "cancelled" and waiting.status == "queued"

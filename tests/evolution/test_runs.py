@@ -151,3 +151,34 @@ def test_configuration_edges():
     assert evolution_config([1])[1] == {"config": ["must be an object of settings"]}
     assert "config.mutation_weights" in evolution_config({"mutation_weights": {"model": 1e308, "prompt": 1e308}})[1]
     assert "config.mutation_weights" in evolution_config({"mutation_weights": {"model": 0}})[1]
+
+
+def test_cancelling_an_evolution_before_its_eval_runs_start_frees_its_golden_set(support_set, support_base, owner,
+                                                                                   api_as):
+    from durable import engine
+    from evals.execution import eval_runs_reconcile
+    from evals.models import EvalRun
+
+    run = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
+    engine.execute_turn(run.durable_run_id)  # generation 0's eval runs are written, their runs not begun
+    eval_runs = EvalRun.objects.filter(golden_set=support_set)
+    assert eval_runs.count() == 4 and set(eval_runs.values_list("status", flat=True)) == {"queued"}
+    assert evolution_cancel(run=run)
+    assert eval_runs_reconcile() == 4
+    assert set(eval_runs.values_list("status", flat=True)) == {"cancelled"}
+    item = support_set.items.first()
+    changed = api_as(owner).patch(f"/api/golden-items/{item.pk}/", {"expected_output": "changed"}, format="json")
+    assert changed.status_code == 200, changed.content
+
+
+def test_the_reconcile_reaches_an_evolution_run_behind_any_number_of_active_ones(support_set, support_base):
+    from durable.services import run_cancel
+    from evolution.execution import evolution_runs_reconcile
+
+    waiting = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
+    cancelled = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
+    run_cancel(run_id=cancelled.durable_run_id, reason="from the durable admin")
+    assert evolution_runs_reconcile(limit=1) == 1
+    waiting.refresh_from_db()
+    cancelled.refresh_from_db()
+    assert cancelled.status == "cancelled" and waiting.status == "queued"

@@ -299,6 +299,37 @@ def test_an_invocation_whose_run_ended_elsewhere_takes_its_end(make_version, set
     assert invocations_reconcile() == 0
 
 
+def test_the_reconcile_reaches_an_invocation_behind_any_number_of_active_ones(make_version, settle):
+    from durable.services import run_cancel
+    from workflows.execution import invocations_reconcile
+
+    version = make_version(graph("a", node("a", approval=True)))
+    waiting = settle(invocation_start(version=version, input={"text": "x"}))
+    cancelled = settle(invocation_start(version=version, input={"text": "y"}))
+    run_cancel(run_id=cancelled.durable_run_id, reason="from the durable admin")
+    assert invocations_reconcile(limit=1) == 1
+    cancelled.refresh_from_db()
+    waiting.refresh_from_db()
+    assert cancelled.status == "cancelled" and waiting.status == "waiting"
+
+
+def test_the_reconcile_reads_active_invocations_through_their_index(make_version, settle):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from workflows.execution import invocations_reconcile
+
+    settle(invocation_start(version=make_version(graph("a", node("a"))), input={"text": "x"}))
+    with CaptureQueriesContext(connection) as queries:
+        assert invocations_reconcile() == 0
+    (select,) = [query["sql"] for query in queries.captured_queries]  # one statement, whatever the row count
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a tiny table: ask which index the planner can use
+        cursor.execute("EXPLAIN " + select)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "workflows_inv_active_idx" in plan, plan
+
+
 def test_a_failure_at_the_start_is_recorded_on_the_invocation(make_version, invoke, monkeypatch):
     from workflows import execution
 
