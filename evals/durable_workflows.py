@@ -34,7 +34,7 @@ def eval_run(ctx, input: dict) -> dict:
             for item in batch:
                 ctx.step(f"grade:{item}", execution.eval_grade_item, eval_run_id, item, invocations[str(item)],
                          plan["keys"][str(item)])
-        summary = ctx.step("finish", execution.eval_finish, eval_run_id)
+        summary = ctx.transaction("finish", execution.eval_finish, eval_run_id)
     except Exception as exc:
         ctx.step("fail", execution.eval_fail, eval_run_id, describe(exc))
         raise

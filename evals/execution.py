@@ -164,7 +164,9 @@ def _progress(eval_run_id: int) -> None:
 
 def eval_finish(eval_run_id: int) -> dict:
     """Aggregate the results: average score and pass rate (over graded items), costs, latency
-    percentiles and fitness; the version keeps its latest average and pass rate."""
+    percentiles and fitness; the version keeps its latest average and pass rate. Run in a
+    ``ctx.transaction``, so only a turn that still holds the run commits it: a failed or cancelled
+    row is completed too (an operator retried its run, and the run is what happened)."""
     from workflows.models import WorkflowVersion
 
     run = EvalRun.objects.get(pk=eval_run_id)
@@ -188,7 +190,7 @@ def eval_finish(eval_run_id: int) -> dict:
         items_done=len(results), grading_errors=sum(1 for r in results if r["grading_error"]),
         ended_at=now(), updated_at=now())
     with transaction.atomic():
-        EvalRun.objects.filter(pk=eval_run_id).exclude(status__in=EvalRun.TERMINAL).update(**fields)
+        EvalRun.objects.filter(pk=eval_run_id).exclude(status=EvalRun.Status.COMPLETED).update(**fields, error="")
         if avg is not None and not run.config.get("item_ids"):  # a minibatch is not the version's score
             WorkflowVersion.objects.filter(pk=run.workflow_version_id).update(
                 avg_score=fields["avg_score"], pass_rate=fields["pass_rate"], updated_at=now())

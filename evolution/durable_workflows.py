@@ -53,7 +53,7 @@ def evolve(ctx, input: dict) -> dict:
     except Exception as exc:
         ctx.step("fail", execution.evolution_fail, run_id, describe(exc))
         raise
-    ctx.step("finish", execution.evolution_finish, run_id, summary)
+    ctx.transaction("finish", execution.evolution_finish, run_id, summary)
     return summary
 
 

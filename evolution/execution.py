@@ -52,8 +52,11 @@ def evolution_begin(run_id: int, namespace: str, durable_run_id: str) -> dict:
 
 
 def evolution_finish(run_id: int, summary: dict) -> None:
-    EvolutionRun.objects.filter(pk=run_id).exclude(status__in=EvolutionRun.TERMINAL).update(
-        status=EvolutionRun.Status.COMPLETED, stop_reason=summary.get("stop_reason", "")[:200],
+    """Record the run's end. Run in a ``ctx.transaction``, so only a turn that still holds the run
+    commits it: a failed or cancelled row is completed too (an operator retried its run, and the
+    run is what happened)."""
+    EvolutionRun.objects.filter(pk=run_id).exclude(status=EvolutionRun.Status.COMPLETED).update(
+        status=EvolutionRun.Status.COMPLETED, error="", stop_reason=summary.get("stop_reason", "")[:200],
         best_version_id=summary.get("best_version_id"), best_fitness=summary.get("best_fitness"),
         base_fitness=summary.get("base_fitness"), ended_at=now(), updated_at=now())
 

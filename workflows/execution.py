@@ -87,7 +87,9 @@ def invocation_begin(invocation_id: int, namespace: str, run_id: str) -> dict:
 
 
 def invocation_finish(invocation_id: int, output: dict) -> None:
-    with transaction.atomic():
+    """Complete the invocation with `output`. The runner calls it in a ``ctx.transaction``, so only a
+    turn that still holds the run commits it (a cancel that won leaves the row cancelled)."""
+    with _atomic():
         _update_totals(invocation_id)
         # also from failed or cancelled: an operator retried the run, and the run is what happened
         WorkflowInvocation.objects.filter(pk=invocation_id).exclude(status=WorkflowInvocation.Status.COMPLETED).update(

@@ -225,3 +225,25 @@ def test_the_reconcile_reaches_an_eval_run_behind_any_number_of_active_ones(supp
     waiting.refresh_from_db()
     cancelled.refresh_from_db()
     assert cancelled.status == "cancelled" and waiting.status == "queued"
+
+
+def test_a_failed_eval_run_retried_to_its_end_is_completed_with_its_aggregates(support_set, support_versions,
+                                                                               evaluate, monkeypatch):
+    from durable.inprocess import run_until_settled
+    from durable.services import run_retry
+    from evals import execution
+
+    grade = execution.eval_grade_item
+
+    def outage(*args):
+        raise RuntimeError("the grader's database said no")
+
+    monkeypatch.setattr(execution, "eval_grade_item", outage)
+    run = evaluate(support_set, support_versions[0])
+    assert run.status == "failed" and "said no" in run.error
+    monkeypatch.setattr(execution, "eval_grade_item", grade)
+    assert run_retry(run_id=run.durable_run_id)
+    assert run_until_settled(run.durable_run_id, max_wait=60).status == "completed"
+    run.refresh_from_db()
+    assert run.status == "completed" and run.error == "" and run.items_done == 6
+    assert run.avg_score is not None and run.fitness is not None and run.ended_at

@@ -182,3 +182,26 @@ def test_the_reconcile_reaches_an_evolution_run_behind_any_number_of_active_ones
     waiting.refresh_from_db()
     cancelled.refresh_from_db()
     assert cancelled.status == "cancelled" and waiting.status == "queued"
+
+
+def test_a_failed_evolution_retried_to_its_end_is_completed_with_its_best(support_set, support_base, monkeypatch):
+    from durable.services import run_retry
+    from evolution import execution
+
+    record = execution.record_generation
+
+    def outage(*args):
+        raise RuntimeError("the database said no")
+
+    monkeypatch.setattr(execution, "record_generation", outage)
+    run = evolution_start(workflow=support_base.workflow, golden_set=support_set,
+                          config={"population": 2, "generations": 1, "seed": 7})
+    run_until_settled(run.durable_run_id, max_wait=120)
+    run.refresh_from_db()
+    assert run.status == "failed" and "said no" in run.error
+    monkeypatch.setattr(execution, "record_generation", record)
+    assert run_retry(run_id=run.durable_run_id)
+    assert run_until_settled(run.durable_run_id, max_wait=120).status == "completed"
+    run.refresh_from_db()
+    assert run.status == "completed" and run.error == "" and run.stop_reason == "1 generations done"
+    assert run.best_version_id is not None and run.best_fitness is not None and run.ended_at
