@@ -53,6 +53,33 @@ def test_costs_add_up_from_the_calls_to_the_nodes_to_the_invocation(make_version
     assert invocation.output_tokens == sum(m.payload["usage"]["output_tokens"] for m in calls)
 
 
+@pytest.mark.parametrize("how", ["cancelled", "cancelled from the durable admin"])
+def test_an_invocation_ended_mid_node_keeps_the_cost_of_the_calls_it_paid(make_version, settle, settings, how):
+    from durable.services import run_cancel
+    from workflows.execution import invocations_reconcile
+    from workflows.services import invocation_cancel
+
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 2000}}
+    settings.LLM_CACHE_ENABLED = False
+    version = make_version(graph("a", node("a", approval=True)))
+    invocation = settle(invocation_start(version=version, input={"text": "price check"}))
+    assert invocation.status == "waiting"
+    (call,) = Message.objects.filter(workflow_invocation=invocation, role="assistant")
+    paid = Decimal(call.payload["usage"]["usd_cost"])
+    assert paid > 0
+    if how == "cancelled":
+        assert invocation_cancel(invocation=invocation)
+    else:
+        run_cancel(run_id=invocation.durable_run_id)
+        assert invocations_reconcile() == 1
+    invocation.refresh_from_db()
+    (ran,) = nodes_of(invocation)
+    assert invocation.status == "cancelled" and ran.status == "failed"
+    assert ran.usd_cost == invocation.usd_cost == paid and ran.llm_calls == invocation.llm_calls == 1
+    assert ran.output_tokens == invocation.output_tokens == call.payload["usage"]["output_tokens"] > 0
+    assert ran.model == "offline-directive-v1"
+
+
 def test_a_parallel_hand_off_fans_out_and_a_wait_for_node_joins_every_branch(make_version, invoke):
     version = make_version(graph(
         "split",
