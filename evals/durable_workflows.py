@@ -3,10 +3,14 @@
 ``evals.run`` scores a workflow version on a golden set: results it may reuse are recorded first;
 the other items run in batches of `concurrency` workflow invocations (child runs of
 ``workflows.invoke``, joined with ``ctx.all``), then each is graded in its own step. A crashed
-eval run resumes where it stopped: finished invocations and graded items are never redone.
+eval run resumes where it stopped: finished invocations and graded items are never redone. A run
+given a budget of its own (`run_usd_budget`: an evolution passes down what it has left) starts no
+batch once its invocations and judge have spent it, and fails saying so.
 """
 
 from __future__ import annotations
+
+from decimal import Decimal
 
 from durable import workflow
 from durable.engine import Child
@@ -14,6 +18,10 @@ from evals import execution
 from workflows.durable_workflows import INVOKE_WORKFLOW, begin_row, describe
 
 EVAL_WORKFLOW = "evals.run"
+
+
+class BudgetSpent(Exception):
+    """The eval run's own USD budget is spent: the items left are not started."""
 
 
 @workflow(EVAL_WORKFLOW)  # started by evals.services.eval_run_start only
@@ -25,7 +33,13 @@ def eval_run(ctx, input: dict) -> dict:
         return {"status": plan["ended"]}
     try:
         pending, cap = plan["pending"], max(1, plan["concurrency"])
+        budget = plan.get("run_usd_budget")
         for batch_number, start in enumerate(range(0, len(pending), cap)):
+            if budget is not None:
+                spent = Decimal(ctx.step(f"spent:{batch_number}", execution.eval_spent, eval_run_id))
+                if execution.usd_budget_spent(spent, Decimal(budget)):
+                    raise BudgetSpent(f"USD budget spent: ${spent:.6f} of ${Decimal(budget):.6f} after {start} of "
+                                      f"{len(pending)} items to run; the others were not started")
             batch = pending[start:start + cap]
             invocations = ctx.transaction(f"invocations:{batch_number}", execution.eval_invocations_create,
                                           eval_run_id, batch)

@@ -99,7 +99,27 @@ def eval_begin(eval_run_id: int, namespace: str, run_id: str) -> dict:
         run.save(update_fields=["status", "started_at", "durable_run", "items_total", "items_reused", "updated_at"])
         _progress(run.pk)
     return {"pending": [pk for pk, _ in items if pk not in reused], "keys": {str(k): v for k, v in keys.items()},
-            "concurrency": int(run.config.get("concurrency", 4)), "reused": len(reused)}
+            "concurrency": int(run.config.get("concurrency", 4)), "reused": len(reused),
+            "run_usd_budget": run.config.get("run_usd_budget")}
+
+
+def usd_budget_spent(spent: Decimal, budget: Decimal) -> bool:
+    """Whether `spent` used up `budget`. Nothing spent never has (so a free model runs on a zero
+    budget, which then stops at the first paid call)."""
+    return spent > 0 and spent >= budget
+
+
+def eval_spent(eval_run_id: int) -> str:
+    """What the eval run has paid so far, whatever became of it: its item invocations (each written
+    naming the run's run as its parent; results reused from earlier runs cost nothing now) and its
+    judge's calls."""
+    run = EvalRun.objects.filter(pk=eval_run_id).values("durable_run_id").first()
+    invocations = Decimal(0)
+    if run and run["durable_run_id"]:
+        invocations = WorkflowInvocation.objects.filter(parent_run_id=run["durable_run_id"]) \
+            .aggregate(total=Sum("usd_cost"))["total"] or Decimal(0)
+    judge = GoldenResult.objects.filter(eval_run_id=eval_run_id).aggregate(total=Sum("judge_usd"))["total"]
+    return f"{invocations + (judge or Decimal(0)):f}"
 
 
 def eval_invocations_create(eval_run_id: int, item_ids: list[int]) -> dict:

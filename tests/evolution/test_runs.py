@@ -205,3 +205,24 @@ def test_a_failed_evolution_retried_to_its_end_is_completed_with_its_best(suppor
     run.refresh_from_db()
     assert run.status == "completed" and run.error == "" and run.stop_reason == "1 generations done"
     assert run.best_version_id is not None and run.best_fitness is not None and run.ended_at
+
+
+def test_the_usd_budget_binds_inside_a_generation_and_counts_every_paid_call(support_set, support_base, settings):
+    from evals.models import EvalRun
+    from workflows.models import WorkflowInvocation
+
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 1000}}
+    settings.LLM_CACHE_ENABLED = False
+    run = evolution_start(workflow=support_base.workflow, golden_set=support_set,
+                          config={"population": 4, "generations": 3, "seed": 7, "concurrency": 1,
+                                  "usd_budget": 0.0001})
+    run_until_settled(run.durable_run_id, max_wait=120)
+    run.refresh_from_db()
+    assert run.status == "completed" and run.stop_reason.startswith("USD budget reached"), run.stop_reason
+    # generation 0's eval runs each had a share of what was left: each started one item, paid, and stopped
+    eval_runs = EvalRun.objects.filter(golden_set=support_set)
+    assert 0 < eval_runs.count() <= 4 and WorkflowInvocation.objects.count() == eval_runs.count()
+    assert all(r.status == "failed" and r.error.startswith("USD budget spent") for r in eval_runs), \
+        [(r.status, r.error) for r in eval_runs]
+    paid = sum(WorkflowInvocation.objects.values_list("usd_cost", flat=True))
+    assert paid > 0 and run.usd_cost == paid  # every paid call counts, though its eval run failed
