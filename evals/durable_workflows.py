@@ -2,7 +2,8 @@
 
 ``evals.run`` scores a workflow version on a golden set: results it may reuse are recorded first;
 the other items run in batches of `concurrency` workflow invocations (child runs of
-``workflows.invoke``, joined with ``ctx.all``), then each is graded in its own step. A crashed
+``workflows.invoke``, joined with ``ctx.all``), then each is graded in its own step, every call of
+its judge in a step of its own (so grading redone after a crash never pays the judge twice). A crashed
 eval run resumes where it stopped: finished invocations and graded items are never redone. A run
 given a budget of its own (`run_usd_budget`: an evolution passes down what it has left) starts no
 batch once its invocations and judge have spent it, and fails saying so.
@@ -46,13 +47,23 @@ def eval_run(ctx, input: dict) -> dict:
             ctx.all([Child(INVOKE_WORKFLOW, {"invocation_id": invocations[str(item)]}, name=f"item:{item}")
                      for item in batch], return_exceptions=True)
             for item in batch:
-                ctx.step(f"grade:{item}", execution.eval_grade_item, eval_run_id, item, invocations[str(item)],
-                         plan["keys"][str(item)])
+                grade_item(ctx, eval_run_id, item, invocations[str(item)], plan["keys"][str(item)])
         summary = ctx.transaction("finish", execution.eval_finish, eval_run_id)
     except Exception as exc:
         ctx.step("fail", execution.eval_fail, eval_run_id, describe(exc))
         raise
     return summary
+
+
+def grade_item(ctx, eval_run_id: int, item: int, invocation_id: int, key: str) -> None:
+    """Grade one item in a step; while the grading needs one more judge answer, make that call in a
+    step of its own and grade again with every answer so far."""
+    judged: list[dict] = []
+    args = (eval_run_id, item, invocation_id, key)
+    outcome = ctx.step(f"grade:{item}", execution.eval_grade_item, *args, [])
+    while "judge" in outcome:
+        judged.append(ctx.step(f"judge:{item}:{len(judged)}", execution.judge_call, outcome["judge"]))
+        outcome = ctx.step(f"grade:{item}:{len(judged)}", execution.eval_grade_item, *args, list(judged))
 
 
 REEVALUATE_WORKFLOW = "evals.reevaluate"

@@ -137,10 +137,14 @@ def eval_invocations_create(eval_run_id: int, item_ids: list[int]) -> dict:
     return out
 
 
-def eval_grade_item(eval_run_id: int, item_id: int, invocation_id: int, key: str) -> dict:
+def eval_grade_item(eval_run_id: int, item_id: int, invocation_id: int, key: str,
+                    judged: list[dict] | None = None) -> dict:
     """Grade one item's invocation and append its result. A failed invocation scores 0 (the
-    version's failure); a grader that could not grade leaves the score empty (a grading error)."""
-    from evals.graders import ItemSpec, grade
+    version's failure); a grader that could not grade leaves the score empty (a grading error).
+    The judge is answered from `judged` (what judge_call returned for its calls so far, in order):
+    when the grading needs one call more, nothing is written and {"judge": request} says which,
+    for the caller to make it in a step of its own and grade again. Returns {"score"} once graded."""
+    from evals.graders import ItemSpec, JudgePending, grade
 
     existing = GoldenResult.objects.filter(eval_run_id=eval_run_id, golden_item_id=item_id).first()
     if existing is not None:
@@ -160,11 +164,14 @@ def eval_grade_item(eval_run_id: int, item_id: int, invocation_id: int, key: str
                               grading_rationale="The workflow gave no answer, so the item scores 0.")
     else:
         actual = output_text(invocation.output)
-        verdict = grade(actual, ItemSpec(input=item.input, expected_output=item.expected_output,
-                                         scoring_criteria=item.scoring_criteria, rubric=tuple(item.rubric or ()),
-                                         tags=tuple(item.tags or ()), metadata=item.metadata or {}),
-                        run.config["graders"], output_schema=run.workflow_version.output_schema or None,
-                        judge_model=run.config.get("judge_model"))
+        try:
+            verdict = grade(actual, ItemSpec(input=item.input, expected_output=item.expected_output,
+                                             scoring_criteria=item.scoring_criteria, rubric=tuple(item.rubric or ()),
+                                             tags=tuple(item.tags or ()), metadata=item.metadata or {}),
+                            run.config["graders"], output_schema=run.workflow_version.output_schema or None,
+                            judge_model=run.config.get("judge_model"), judge=_recorded_judge(judged or []))
+        except JudgePending as pending:
+            return {"judge": _request_dict(pending.request)}
         result = GoldenResult(
             **fields, actual_output=actual, score=verdict.score,
             passed=None if verdict.score is None else verdict.score >= run.config["threshold"],
@@ -175,6 +182,44 @@ def eval_grade_item(eval_run_id: int, item_id: int, invocation_id: int, key: str
         GoldenResult.objects.bulk_create([result], ignore_conflicts=True)
         _progress(eval_run_id)
     return {"score": result.score}
+
+
+def judge_call(request: dict) -> dict:
+    """One call of the judge (`request` as eval_grade_item asked for it), made in a step of its own: a
+    grading redone after a crash is answered from its checkpoint and never pays the judge twice.
+    Returns {"response": ChatResponse.as_dict()} or, the call failing, {"error": why}."""
+    from llm.chat import ChatError, ChatRequest, chat
+
+    try:
+        response, _ = chat(ChatRequest(**request))
+    except ChatError as exc:
+        return {"error": str(exc)}
+    return {"response": response.as_dict()}
+
+
+def _recorded_judge(answers: list[dict]):
+    """A judge for ``grade`` answering from the recorded calls, in order; past them, JudgePending."""
+    from evals.graders import JudgePending
+    from llm.chat import ChatError, ChatResponse
+
+    left = list(answers)
+
+    def answer(request):
+        if not left:
+            raise JudgePending(request)
+        recorded = left.pop(0)
+        if "error" in recorded:
+            raise ChatError(recorded["error"])
+        return ChatResponse.from_dict(recorded["response"])
+
+    return answer
+
+
+def _request_dict(request) -> dict:
+    if request.tools:
+        raise ValueError("a judge's request offers no tools")
+    return {"model": request.model, "messages": request.messages, "response_format": request.response_format,
+            "temperature": request.temperature, "max_tokens": request.max_tokens}
 
 
 def _progress(eval_run_id: int) -> None:
