@@ -340,20 +340,42 @@ def scoped(namespace: str) -> ScopedRunReader:
     return ScopedRunReader(namespace)
 
 
-def runs_ended_without_owner(pairs) -> list[tuple[int, str, str]]:
-    """For rows that a durable run drives ((row pk, run id) pairs, the row still active): those whose run
-    ended other than completed, or no longer exists, as (row pk, "cancelled" or "failed", reason). The
-    apps that keep their own status beside a run (invocations, eval runs, evolution runs) use it to take
-    an end their run could not write (cancelled from the durable admin, declared dead, deleted)."""
-    pairs = list(pairs)
-    statuses = dict(DurableRun.objects.filter(pk__in=[run_id for _, run_id in pairs]).values_list("pk", "status"))
+ENDED_UNFINISHED = tuple(sorted(DurableRun.Status.TERMINAL - {DurableRun.Status.COMPLETED}))
+
+
+def runs_ended_without_owner(rows: QuerySet, *, limit: int) -> list[tuple[int, str, str]]:
+    """Of `rows` (active rows a durable run drives: invocations, eval runs, evolution runs), at most
+    `limit`, oldest first, that no run will end any more, as (row pk, "cancelled" or "failed", reason):
+    those whose run ended other than completed or no longer exists (cancelled from the durable admin,
+    declared dead, deleted), and those no run has begun whose `parent_run` (the run that wrote the row
+    for a child of its own, when the model has that column) has ended or no longer exists (cancelled
+    before its children began). The apps that keep their own status beside a run use it to take an end
+    their run could not write.
+
+    The test is in the query, before the limit: any number of legitimately active rows cannot hide one
+    to end. Each run is read by its primary key, so the scan costs what the rows' own active-rows index
+    serves."""
+    # a missing run reads as a NULL status through the (left) join: a run's status is never NULL
+    run_ended = Q(durable_run_id__isnull=False) & (Q(durable_run__status__isnull=True)
+                                                   | Q(durable_run__status__in=ENDED_UNFINISHED))
+    columns = ["pk", "durable_run_id", "durable_run__status"]
+    if any(field.name == "parent_run" for field in rows.model._meta.concrete_fields):
+        run_ended |= Q(durable_run_id__isnull=True, parent_run_id__isnull=False) & (
+            Q(parent_run__status__isnull=True) | Q(parent_run__status__in=DurableRun.Status.TERMINAL))
+        columns += ["parent_run_id", "parent_run__status"]
     ended = []
-    for pk, run_id in pairs:
-        status = statuses.get(run_id)
-        if status is None:
-            ended.append((pk, "failed", f"its durable run {run_id} no longer exists"))
-        elif status == DurableRun.Status.CANCELLED:
-            ended.append((pk, "cancelled", f"its durable run {run_id} was cancelled"))
-        elif status in DurableRun.Status.TERMINAL and status != DurableRun.Status.COMPLETED:
-            ended.append((pk, "failed", f"its durable run {run_id} ended {status}"))
+    for pk, run_id, status, *parent in rows.filter(run_ended).order_by("pk").values_list(*columns)[:limit]:
+        if run_id is not None:
+            ended.append((pk, *_run_end(status, f"its durable run {run_id}")))
+        else:
+            parent_id, parent_status = parent
+            ended.append((pk, *_run_end(parent_status, f"it never began, and its parent run {parent_id}")))
     return ended
+
+
+def _run_end(status: str | None, subject: str) -> tuple[str, str]:
+    if status is None:
+        return "failed", f"{subject} no longer exists"
+    if status == DurableRun.Status.CANCELLED:
+        return "cancelled", f"{subject} was cancelled"
+    return "failed", f"{subject} ended {status}"

@@ -99,12 +99,32 @@ def eval_begin(eval_run_id: int, namespace: str, run_id: str) -> dict:
         run.save(update_fields=["status", "started_at", "durable_run", "items_total", "items_reused", "updated_at"])
         _progress(run.pk)
     return {"pending": [pk for pk, _ in items if pk not in reused], "keys": {str(k): v for k, v in keys.items()},
-            "concurrency": int(run.config.get("concurrency", 4)), "reused": len(reused)}
+            "concurrency": int(run.config.get("concurrency", 4)), "reused": len(reused),
+            "run_usd_budget": run.config.get("run_usd_budget")}
+
+
+def usd_budget_spent(spent: Decimal, budget: Decimal) -> bool:
+    """Whether `spent` used up `budget`. Nothing spent never has (so a free model runs on a zero
+    budget, which then stops at the first paid call)."""
+    return spent > 0 and spent >= budget
+
+
+def eval_spent(eval_run_id: int) -> str:
+    """What the eval run has paid so far, whatever became of it: its item invocations (each written
+    naming the run's run as its parent; results reused from earlier runs cost nothing now) and its
+    judge's calls."""
+    run = EvalRun.objects.filter(pk=eval_run_id).values("durable_run_id").first()
+    invocations = Decimal(0)
+    if run and run["durable_run_id"]:
+        invocations = WorkflowInvocation.objects.filter(parent_run_id=run["durable_run_id"]) \
+            .aggregate(total=Sum("usd_cost"))["total"] or Decimal(0)
+    judge = GoldenResult.objects.filter(eval_run_id=eval_run_id).aggregate(total=Sum("judge_usd"))["total"]
+    return f"{invocations + (judge or Decimal(0)):f}"
 
 
 def eval_invocations_create(eval_run_id: int, item_ids: list[int]) -> dict:
-    """The invocations of a batch of items (run in a ``ctx.transaction``: created exactly once).
-    Returns {item id: invocation id}."""
+    """The invocations of a batch of items (run in a ``ctx.transaction``: created exactly once), each
+    naming the eval run's run as its parent. Returns {item id: invocation id}."""
     run = EvalRun.objects.select_related("workflow_version").get(pk=eval_run_id)
     items = GoldenItem.objects.in_bulk(item_ids)
     out = {}
@@ -112,15 +132,19 @@ def eval_invocations_create(eval_run_id: int, item_ids: list[int]) -> dict:
         invocation = WorkflowInvocation.objects.create(
             workspace_id=run.workspace_id, workflow_version=run.workflow_version, input=items[item_id].input,
             node_budget=run.config["node_budget"], usd_budget=Decimal(run.config["usd_budget"]),
-            created_by_id=run.created_by_id)
+            parent_run_id=run.durable_run_id, created_by_id=run.created_by_id)
         out[str(item_id)] = invocation.pk
     return out
 
 
-def eval_grade_item(eval_run_id: int, item_id: int, invocation_id: int, key: str) -> dict:
+def eval_grade_item(eval_run_id: int, item_id: int, invocation_id: int, key: str,
+                    judged: list[dict] | None = None) -> dict:
     """Grade one item's invocation and append its result. A failed invocation scores 0 (the
-    version's failure); a grader that could not grade leaves the score empty (a grading error)."""
-    from evals.graders import ItemSpec, grade
+    version's failure); a grader that could not grade leaves the score empty (a grading error).
+    The judge is answered from `judged` (what judge_call returned for its calls so far, in order):
+    when the grading needs one call more, nothing is written and {"judge": request} says which,
+    for the caller to make it in a step of its own and grade again. Returns {"score"} once graded."""
+    from evals.graders import ItemSpec, JudgePending, grade
 
     existing = GoldenResult.objects.filter(eval_run_id=eval_run_id, golden_item_id=item_id).first()
     if existing is not None:
@@ -140,11 +164,14 @@ def eval_grade_item(eval_run_id: int, item_id: int, invocation_id: int, key: str
                               grading_rationale="The workflow gave no answer, so the item scores 0.")
     else:
         actual = output_text(invocation.output)
-        verdict = grade(actual, ItemSpec(input=item.input, expected_output=item.expected_output,
-                                         scoring_criteria=item.scoring_criteria, rubric=tuple(item.rubric or ()),
-                                         tags=tuple(item.tags or ()), metadata=item.metadata or {}),
-                        run.config["graders"], output_schema=run.workflow_version.output_schema or None,
-                        judge_model=run.config.get("judge_model"))
+        try:
+            verdict = grade(actual, ItemSpec(input=item.input, expected_output=item.expected_output,
+                                             scoring_criteria=item.scoring_criteria, rubric=tuple(item.rubric or ()),
+                                             tags=tuple(item.tags or ()), metadata=item.metadata or {}),
+                            run.config["graders"], output_schema=run.workflow_version.output_schema or None,
+                            judge_model=run.config.get("judge_model"), judge=_recorded_judge(judged or []))
+        except JudgePending as pending:
+            return {"judge": _request_dict(pending.request)}
         result = GoldenResult(
             **fields, actual_output=actual, score=verdict.score,
             passed=None if verdict.score is None else verdict.score >= run.config["threshold"],
@@ -157,6 +184,44 @@ def eval_grade_item(eval_run_id: int, item_id: int, invocation_id: int, key: str
     return {"score": result.score}
 
 
+def judge_call(request: dict) -> dict:
+    """One call of the judge (`request` as eval_grade_item asked for it), made in a step of its own: a
+    grading redone after a crash is answered from its checkpoint and never pays the judge twice.
+    Returns {"response": ChatResponse.as_dict()} or, the call failing, {"error": why}."""
+    from llm.chat import ChatError, ChatRequest, chat
+
+    try:
+        response, _ = chat(ChatRequest(**request))
+    except ChatError as exc:
+        return {"error": str(exc)}
+    return {"response": response.as_dict()}
+
+
+def _recorded_judge(answers: list[dict]):
+    """A judge for ``grade`` answering from the recorded calls, in order; past them, JudgePending."""
+    from evals.graders import JudgePending
+    from llm.chat import ChatError, ChatResponse
+
+    left = list(answers)
+
+    def answer(request):
+        if not left:
+            raise JudgePending(request)
+        recorded = left.pop(0)
+        if "error" in recorded:
+            raise ChatError(recorded["error"])
+        return ChatResponse.from_dict(recorded["response"])
+
+    return answer
+
+
+def _request_dict(request) -> dict:
+    if request.tools:
+        raise ValueError("a judge's request offers no tools")
+    return {"model": request.model, "messages": request.messages, "response_format": request.response_format,
+            "temperature": request.temperature, "max_tokens": request.max_tokens}
+
+
 def _progress(eval_run_id: int) -> None:
     done = GoldenResult.objects.filter(eval_run_id=eval_run_id).count()
     EvalRun.objects.filter(pk=eval_run_id).update(items_done=done, updated_at=now())
@@ -164,7 +229,9 @@ def _progress(eval_run_id: int) -> None:
 
 def eval_finish(eval_run_id: int) -> dict:
     """Aggregate the results: average score and pass rate (over graded items), costs, latency
-    percentiles and fitness; the version keeps its latest average and pass rate."""
+    percentiles and fitness; the version keeps its latest average and pass rate. Run in a
+    ``ctx.transaction``, so only a turn that still holds the run commits it: a failed or cancelled
+    row is completed too (an operator retried its run, and the run is what happened)."""
     from workflows.models import WorkflowVersion
 
     run = EvalRun.objects.get(pk=eval_run_id)
@@ -188,7 +255,7 @@ def eval_finish(eval_run_id: int) -> dict:
         items_done=len(results), grading_errors=sum(1 for r in results if r["grading_error"]),
         ended_at=now(), updated_at=now())
     with transaction.atomic():
-        EvalRun.objects.filter(pk=eval_run_id).exclude(status__in=EvalRun.TERMINAL).update(**fields)
+        EvalRun.objects.filter(pk=eval_run_id).exclude(status=EvalRun.Status.COMPLETED).update(**fields, error="")
         if avg is not None and not run.config.get("item_ids"):  # a minibatch is not the version's score
             WorkflowVersion.objects.filter(pk=run.workflow_version_id).update(
                 avg_score=fields["avg_score"], pass_rate=fields["pass_rate"], updated_at=now())
@@ -205,10 +272,11 @@ def eval_fail(eval_run_id: int, error: str, status: str = EvalRun.Status.FAILED,
         status=status, error=error[:5000], ended_at=now(), updated_at=now())
 
 
-def reevaluation_runs_create(namespace: str) -> dict:
+def reevaluation_runs_create(namespace: str, parent_run_id: str | None = None) -> dict:
     """The eval runs of a scheduled re-evaluation (in a ``ctx.transaction``: created once): one per
     golden set of the namespace's workspace whose workflow has an active version that can run here,
-    results not reused (the point is to see drift). Returns {"runs": [ids], "skipped": [reasons]}."""
+    results not reused (the point is to see drift), each naming `parent_run_id` (the re-evaluation's
+    run) as its parent. Returns {"runs": [ids], "skipped": [reasons]}."""
     from evals.models import GoldenSet
     from evals.services import EvalError, eval_run_prepare
     from workflows.models import WorkflowVersion
@@ -221,7 +289,8 @@ def reevaluation_runs_create(namespace: str) -> dict:
         if version is None or not golden.items.exists():
             continue
         try:
-            run = eval_run_prepare(golden_set=golden, version=version, reuse=False, origin=EvalRun.Origin.SCHEDULE)
+            run = eval_run_prepare(golden_set=golden, version=version, reuse=False, origin=EvalRun.Origin.SCHEDULE,
+                                   parent_run_id=parent_run_id)
         except EvalError as exc:
             skipped.append(f"{golden.name}: {exc}")
             continue
@@ -258,11 +327,11 @@ def regression_check(eval_run_id: int) -> dict:
 
 def eval_runs_reconcile(*, limit: int = 500) -> int:
     """End the eval runs whose durable run ended without them (cancelled with a parent evolution run,
-    from the durable admin, declared dead, or deleted). Returns how many."""
+    from the durable admin, declared dead, or deleted), and those whose parent run (an evolution, a
+    re-evaluation) ended before their own runs began. Returns how many."""
     from durable.selectors import runs_ended_without_owner
 
-    active = EvalRun.objects.exclude(status__in=EvalRun.TERMINAL).exclude(durable_run_id=None)
-    ended = runs_ended_without_owner(active.values_list("pk", "durable_run_id")[:limit])
+    ended = runs_ended_without_owner(EvalRun.objects.filter(status__in=EvalRun.ACTIVE), limit=limit)
     for pk, state, reason in ended:
         eval_fail(pk, reason, status=state)
     return len(ended)

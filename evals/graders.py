@@ -137,7 +137,16 @@ from django.conf import settings
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from llm.chat import OFFLINE_PROVIDER, ChatError, ChatRequest, UnknownModel, chat, model_problem, resolve_model
+from llm.chat import (
+    OFFLINE_PROVIDER,
+    ChatError,
+    ChatRequest,
+    ChatResponse,
+    UnknownModel,
+    chat,
+    model_problem,
+    resolve_model,
+)
 from llm.usage import Usage
 
 logger = logging.getLogger("evals.graders")
@@ -418,6 +427,15 @@ def _canonical(value) -> str:
 # ------------------------------------------------------------------------------------------ grading
 
 
+class JudgePending(Exception):
+    """The `judge` given to ``grade`` has no answer yet to `request`: grading stops, so that the caller
+    can make that call where it is recorded (its own durable step) and grade again with the answer."""
+
+    def __init__(self, request: ChatRequest):
+        super().__init__("the judge's answer is not there yet")
+        self.request = request
+
+
 class _GradingError(Exception):
     """This item cannot be graded as configured (or the judge failed): a grade with score None."""
 
@@ -441,14 +459,17 @@ class _Context:
     expected: str
     item: ItemSpec
     output_schema: dict | None
+    judge: Callable[[ChatRequest], ChatResponse] | None = None
 
 
 def grade(actual: str, item: ItemSpec, graders: list[dict], *, output_schema: dict | None = None,
-          judge_model: str | None = None) -> Verdict:
+          judge_model: str | None = None, judge: Callable[[ChatRequest], ChatResponse] | None = None) -> Verdict:
     """Score `actual` (a workflow's answer) against `item` with each configured grader and combine the grades.
 
     Raises GraderConfigError for a bad configuration; everything about the item and the answer (bad JSON,
-    a failing judge, a missing schema) ends up in the Verdict. See the module docstring for each grader."""
+    a failing judge, a missing schema) ends up in the Verdict. See the module docstring for each grader.
+    `judge` answers the judge's calls in place of ``llm.chat.chat`` (raising ChatError as it would, or
+    JudgePending, which stops the grading)."""
     entries = validate_graders(graders)
     notes = []
     actual_text, cut = _cap(_as_text(actual))
@@ -461,7 +482,8 @@ def grade(actual: str, item: ItemSpec, graders: list[dict], *, output_schema: di
         grades = tuple(Grade(kind=entry["kind"], score=0.0, weight=entry["weight"], rationale=EMPTY_ANSWER)
                        for entry in entries)
         return _verdict(grades, _label(entry["kind"] for entry in entries), notes)
-    context = _Context(actual=actual_text, expected=expected_text, item=item, output_schema=output_schema)
+    context = _Context(actual=actual_text, expected=expected_text, item=item, output_schema=output_schema,
+                       judge=judge)
     grades: list[Grade] = []
     labels: list[str] = []
     for entry in entries:
@@ -495,6 +517,8 @@ def _run(grader: Callable, context: _Context, entry: dict, *, extra: dict | None
     kind, weight = entry["kind"], entry["weight"]
     try:
         outcome = grader(context, entry)
+    except JudgePending:
+        raise
     except _GradingError as exc:
         return Grade(kind=kind, score=None, weight=weight, rationale=prefix + "Not graded: " + _sentence(str(exc)),
                      error=str(exc), details={**exc.details, **(extra or {})}, usage=exc.usage)
@@ -1350,7 +1374,7 @@ def _grade_llm_judge(context: _Context, entry: dict) -> _Outcome:
         request = ChatRequest(model=model, messages=messages, response_format=_judge_response_format(rubric),
                               temperature=JUDGE_TEMPERATURE, max_tokens=max_tokens)
         try:
-            response, _ = chat(request)
+            response = context.judge(request) if context.judge else chat(request)[0]
         except ChatError as exc:  # TransientChatError included: chat() has already retried it
             raise _GradingError(f"judge failed: {_cut(str(exc), 300)}", usage=usage,
                                 details={"model": model, "attempts": attempt}) from None

@@ -14,6 +14,7 @@ import json
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models import Q
 
 from durable.models import DurableRun
 from workflows.models import Workflow, WorkflowInvocation, WorkflowVersion
@@ -99,6 +100,7 @@ class EvalRunStatus(models.TextChoices):
 class EvalRun(models.Model):
     Status = EvalRunStatus
     TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+    ACTIVE = (Status.QUEUED, Status.RUNNING)
 
     class Origin(models.TextChoices):
         MANUAL = "manual", "Manual"
@@ -132,6 +134,10 @@ class EvalRun(models.Model):
     error = models.TextField(blank=True, default="")
     durable_run = models.ForeignKey(DurableRun, null=True, blank=True, on_delete=models.DO_NOTHING,
                                     db_constraint=False, related_name="+")
+    # the run that wrote this row for a child run of its own to drive (an evolution, a re-evaluation): until
+    # that child begins, the parent's end is the only sign that nothing will
+    parent_run = models.ForeignKey(DurableRun, null=True, blank=True, on_delete=models.DO_NOTHING,
+                                   db_constraint=False, related_name="+")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -143,6 +149,9 @@ class EvalRun(models.Model):
         indexes = [
             models.Index(fields=["workspace", "-created_at"], name="evals_run_ws_created_idx"),
             models.Index(fields=["golden_set", "workflow_version", "-created_at"], name="evals_run_set_version_idx"),
+            # the reconcile's scan of active eval runs (ACTIVE), oldest first (eval_runs_reconcile)
+            models.Index(fields=["id"], name="evals_run_active_idx",
+                         condition=Q(status__in=["queued", "running"])),
         ]
 
     def __str__(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from django.db import transaction
@@ -91,11 +92,14 @@ def item_errors(*, input, expected_output, scoring_criteria, rubric, tags, metad
 
 def eval_run_prepare(*, golden_set: GoldenSet, version: WorkflowVersion, user=None, reuse: bool = True,
                      origin: str = EvalRun.Origin.MANUAL, concurrency: int | None = None,
-                     node_budget: int | None = None, usd_budget=None, item_ids: list[int] | None = None) -> EvalRun:
+                     node_budget: int | None = None, usd_budget=None, item_ids: list[int] | None = None,
+                     parent_run_id: str | None = None, run_usd_budget: Decimal | None = None) -> EvalRun:
     """Validate and write an eval run (queued, no durable run yet): what `eval_run_start` starts, and
-    what a parent run (a re-evaluation, an evolution) runs as its child. EvalError when the set has
-    no items, the version is of another workspace or cannot run here (missing tools or models).
-    `item_ids` restricts the run to those items of the set (a minibatch)."""
+    what a parent run (a re-evaluation, an evolution: `parent_run_id`) runs as its child. EvalError
+    when the set has no items, the version is of another workspace or cannot run here (missing tools
+    or models). `item_ids` restricts the run to those items of the set (a minibatch); `usd_budget` is
+    each item invocation's budget, `run_usd_budget` what the whole run may spend (its invocations and
+    judge; it starts no more items once that is spent)."""
     from evals.graders import GraderConfigError, validate_graders
     from workflows.conf import workflow_settings
     from workflows.services import version_problems
@@ -127,8 +131,10 @@ def eval_run_prepare(*, golden_set: GoldenSet, version: WorkflowVersion, user=No
               "usd_budget": f"{usd_budget if usd_budget is not None else wf.usd_budget}"}
     if item_ids is not None:
         config["item_ids"] = sorted(int(pk) for pk in item_ids)
+    if run_usd_budget is not None:
+        config["run_usd_budget"] = f"{Decimal(run_usd_budget):f}"
     return EvalRun.objects.create(workspace=golden_set.workspace, golden_set=golden_set, workflow_version=version,
-                                  reuse=reuse, origin=origin, config=config,
+                                  reuse=reuse, origin=origin, config=config, parent_run_id=parent_run_id,
                                   created_by=user if getattr(user, "pk", None) else None)
 
 

@@ -20,8 +20,11 @@ is that version). Random choices come from generators seeded by the run's seed a
 (evolution.execution.generator), and breeding happens inside steps, so a resumed run makes the same
 choices and repeats no evaluation. Stop rules: USD budget, evaluation cap, time limit, convergence
 (the best fitness improving by less than epsilon in each of the last N generations), or the
-generations done. An operator may pause the run (it then waits at the next generation boundary for
-the signal `resume:<boundary>` that evolution_resume sends) or cancel it.
+generations done. The USD budget is checked before each evaluation too, and what is left of it is
+shared among the eval runs an evaluation starts, each stopping its items once its share is spent: a
+generation overshoots by at most one batch of item invocations per eval run. Every paid call
+counts, whatever became of its eval run. An operator may pause the run (it then waits at the next
+generation boundary for the signal `resume:<boundary>` that evolution_resume sends) or cancel it.
 """
 
 from __future__ import annotations
@@ -33,11 +36,16 @@ from decimal import Decimal
 from durable import workflow
 from durable.engine import Child
 from evals.durable_workflows import EVAL_WORKFLOW
+from evals.execution import usd_budget_spent
 from evolution import execution
 from workflows.durable_workflows import begin_row, describe
 
 EVOLVE_WORKFLOW = "evolution.run"
 MERGE_PROBABILITY = 0.25
+
+
+class BudgetSpent(Exception):
+    """The run's USD budget is spent: no more evaluations start."""
 
 
 @workflow(EVOLVE_WORKFLOW)  # started by evolution.services.evolution_start only
@@ -53,7 +61,7 @@ def evolve(ctx, input: dict) -> dict:
     except Exception as exc:
         ctx.step("fail", execution.evolution_fail, run_id, describe(exc))
         raise
-    ctx.step("finish", execution.evolution_finish, run_id, summary)
+    ctx.transaction("finish", execution.evolution_finish, run_id, summary)
     return summary
 
 
@@ -71,6 +79,15 @@ class Loop:
         self.best_history: list[float] = []
         self.made: dict[int, dict] = {}  # version -> how it was made (kind, note, parents)
 
+    def run(self) -> dict:
+        try:
+            return self.loop()
+        except BudgetSpent as spent:
+            return self.summary(str(spent))
+
+    def loop(self) -> dict:
+        raise NotImplementedError
+
     # -- scoring
 
     def evaluate(self, label: str, version_ids: list[int], items: list[int] | None = None) -> dict[int, dict]:
@@ -79,7 +96,8 @@ class Loop:
         todo = wanted if items is not None else [v for v in wanted if v not in self.scores]
         measured: dict[int, dict] = {}
         if todo:
-            created = self.ctx.transaction(f"evals:{label}", execution.eval_runs_create, self.run_id, todo, items)
+            created = self.ctx.transaction(f"evals:{label}", execution.eval_runs_create, self.run_id, todo, items,
+                                           self.budget_share(len(todo)))
             children = [Child(EVAL_WORKFLOW, {"eval_run_id": eval_run}, name=f"eval:{label}:{version}")
                         for version, eval_run in created.items() if isinstance(eval_run, int)]
             self.ctx.all(children, return_exceptions=True)
@@ -111,10 +129,21 @@ class Loop:
         if self.ctx.step(f"pause:{label}", execution.pause_point, self.run_id, label):
             self.ctx.wait_for_signal(f"resume:{label}")
 
+    def budget_share(self, count: int) -> str:
+        """Each of `count` eval runs starting now may spend an equal share of what is left of the
+        budget. BudgetSpent when nothing is left."""
+        budget = Decimal(str(self.config["usd_budget"]))
+        if usd_budget_spent(self.totals["usd"], budget):
+            raise BudgetSpent(self.budget_reason())
+        return f"{max(budget - self.totals['usd'], Decimal(0)) / count:f}"
+
+    def budget_reason(self) -> str:
+        return f"USD budget reached (${self.totals['usd']:.4f} of ${self.config['usd_budget']})"
+
     def stop_reason(self) -> str:
         c = self.config
-        if self.totals["usd"] > 0 and self.totals["usd"] >= Decimal(str(c["usd_budget"])):
-            return f"USD budget reached (${self.totals['usd']:.4f} of ${c['usd_budget']})"
+        if usd_budget_spent(self.totals["usd"], Decimal(str(c["usd_budget"]))):
+            return self.budget_reason()
         if self.totals["evaluations"] >= c["max_evaluations"]:
             return f"evaluation cap reached ({self.totals['evaluations']})"
         elapsed = (self.ctx.now() - self.started).total_seconds()
@@ -163,7 +192,7 @@ class Loop:
 
 
 class GeneticProgramming(Loop):
-    def run(self) -> dict:
+    def loop(self) -> dict:
         c = self.config
         started = self.ctx.now()
         members = self.ctx.step("population", execution.initial_population, self.run_id)
@@ -204,7 +233,7 @@ class GeneticProgramming(Loop):
 
 
 class Reflective(Loop):
-    def run(self) -> dict:
+    def loop(self) -> dict:
         c = self.config
         iterative = self.plan["mode"] == "iterative"
         started = self.ctx.now()

@@ -52,10 +52,15 @@ def evolution_begin(run_id: int, namespace: str, durable_run_id: str) -> dict:
 
 
 def evolution_finish(run_id: int, summary: dict) -> None:
-    EvolutionRun.objects.filter(pk=run_id).exclude(status__in=EvolutionRun.TERMINAL).update(
-        status=EvolutionRun.Status.COMPLETED, stop_reason=summary.get("stop_reason", "")[:200],
+    """Record the run's end. Run in a ``ctx.transaction``, so only a turn that still holds the run
+    commits it: a failed or cancelled row is completed too (an operator retried its run, and the
+    run is what happened)."""
+    EvolutionRun.objects.filter(pk=run_id).exclude(status=EvolutionRun.Status.COMPLETED).update(
+        status=EvolutionRun.Status.COMPLETED, error="", stop_reason=summary.get("stop_reason", "")[:200],
         best_version_id=summary.get("best_version_id"), best_fitness=summary.get("best_fitness"),
-        base_fitness=summary.get("base_fitness"), ended_at=now(), updated_at=now())
+        base_fitness=summary.get("base_fitness"), evaluations=summary.get("evaluations", 0),
+        rollouts=summary.get("rollouts", 0), cache_hits=summary.get("cache_hits", 0),
+        usd_cost=Decimal(str(summary.get("usd", "0"))), ended_at=now(), updated_at=now())
 
 
 def evolution_fail(run_id: int, error: str, status: str = EvolutionRun.Status.FAILED,
@@ -82,10 +87,12 @@ def pause_point(run_id: int, boundary: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------- scoring
 
-def eval_runs_create(run_id: int, version_ids: list[int], item_ids: list[int] | None) -> dict:
+def eval_runs_create(run_id: int, version_ids: list[int], item_ids: list[int] | None,
+                     budget: str | None = None) -> dict:
     """An eval run (results reused where the same version already answered the same item) for each
-    version, to be driven as children of the evolution run. Called in a ``ctx.transaction``.
-    Returns {version id: eval run id, or an error text when the version cannot run here}."""
+    version, to be driven as children of the evolution run, each allowed to spend `budget` USD.
+    Called in a ``ctx.transaction``. Returns {version id: eval run id, or an error text when the
+    version cannot run here}."""
     from evals.services import EvalError, eval_run_prepare
 
     run = EvolutionRun.objects.select_related("golden_set__workspace").get(pk=run_id)
@@ -94,7 +101,8 @@ def eval_runs_create(run_id: int, version_ids: list[int], item_ids: list[int] | 
         try:
             eval_run = eval_run_prepare(golden_set=run.golden_set, version=version, reuse=True,
                                         origin=EvalRun.Origin.EVOLUTION, concurrency=run.config.get("concurrency"),
-                                        item_ids=item_ids, user=run.created_by)
+                                        item_ids=item_ids, user=run.created_by, parent_run_id=run.durable_run_id,
+                                        run_usd_budget=None if budget is None else Decimal(budget))
         except EvalError as exc:
             out[str(version.pk)] = str(exc)
             continue
@@ -104,7 +112,9 @@ def eval_runs_create(run_id: int, version_ids: list[int], item_ids: list[int] | 
 
 def eval_scores(created: dict) -> dict:
     """What each version's eval run measured: fitness, average score, per-item scores, and what it
-    cost (item invocations run now, cache hits, USD paid)."""
+    cost (item invocations run now, cache hits, USD paid, whether or not the eval run completed)."""
+    from evals.execution import eval_spent
+
     out = {}
     for version_id, eval_run_id in created.items():
         if not isinstance(eval_run_id, int):
@@ -120,7 +130,7 @@ def eval_scores(created: dict) -> dict:
             "fitness": run.fitness if run.fitness is not None else 0.0,
             "avg_score": run.avg_score if run.avg_score is not None else 0.0,
             "scores": {str(item): score for item, score in results.values_list("golden_item_id", "score")},
-            "rollouts": fresh.count(), "cache_hits": hits, "usd": f"{run.paid_usd + run.judge_usd:f}",
+            "rollouts": fresh.count(), "cache_hits": hits, "usd": eval_spent(run.pk),
             "eval_run": run.pk, "error": run.error if run.status != EvalRun.Status.COMPLETED else "",
         }
     return out
@@ -305,8 +315,7 @@ def evolution_runs_reconcile(*, limit: int = 200) -> int:
     declared dead, or deleted). Returns how many."""
     from durable.selectors import runs_ended_without_owner
 
-    active = EvolutionRun.objects.exclude(status__in=EvolutionRun.TERMINAL).exclude(durable_run_id=None)
-    ended = runs_ended_without_owner(active.values_list("pk", "durable_run_id")[:limit])
+    ended = runs_ended_without_owner(EvolutionRun.objects.filter(status__in=EvolutionRun.ACTIVE), limit=limit)
     for pk, state, reason in ended:
         evolution_fail(pk, reason, status=state)
     return len(ended)

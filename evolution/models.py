@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 
 from durable.models import DurableRun
 from evals.models import EvalRun, GoldenSet
@@ -27,6 +28,7 @@ class EvolutionRun(models.Model):
         ITERATIVE = "iterative", "Iterative"
 
     TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+    ACTIVE = (Status.QUEUED, Status.RUNNING, Status.PAUSED)
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="evolution_runs")
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="evolution_runs")
@@ -59,7 +61,12 @@ class EvolutionRun(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["workspace", "-created_at"], name="evolution_run_ws_created_idx")]
+        indexes = [
+            models.Index(fields=["workspace", "-created_at"], name="evolution_run_ws_created_idx"),
+            # the reconcile's scan of active evolution runs (ACTIVE), oldest first (evolution_runs_reconcile)
+            models.Index(fields=["id"], name="evolution_run_active_idx",
+                         condition=Q(status__in=["queued", "running", "paused"])),
+        ]
 
     def __str__(self) -> str:
         return f"evolution {self.pk} of {self.workflow}"

@@ -83,7 +83,7 @@ def invoke(ctx, input: dict) -> dict:
     except Exception as exc:
         ctx.step("fail", execution.invocation_fail, invocation_id, describe(exc))
         raise
-    ctx.step("finish", execution.invocation_finish, invocation_id, output)
+    ctx.transaction("finish", execution.invocation_finish, invocation_id, output)
     return output
 
 

@@ -89,7 +89,9 @@ def invocation_begin(invocation_id: int, namespace: str, run_id: str) -> dict:
 
 
 def invocation_finish(invocation_id: int, output: dict) -> None:
-    with transaction.atomic():
+    """Complete the invocation with `output`. The runner calls it in a ``ctx.transaction``, so only a
+    turn that still holds the run commits it (a cancel that won leaves the row cancelled)."""
+    with _atomic():
         _update_totals(invocation_id)
         # also from failed or cancelled: an operator retried the run, and the run is what happened
         WorkflowInvocation.objects.filter(pk=invocation_id).exclude(status=WorkflowInvocation.Status.COMPLETED).update(
@@ -98,19 +100,43 @@ def invocation_finish(invocation_id: int, output: dict) -> None:
 
 def invocation_fail(invocation_id: int, error: str, status: str = WorkflowInvocation.Status.FAILED,
                     namespace: str | None = None) -> None:
-    """End the invocation (and any node still running or waiting) with `error`. With `namespace`,
-    only an invocation of that namespace's workspace is touched."""
+    """End the invocation (and any node still running or waiting, with what its calls paid) with
+    `error`. With `namespace`, only an invocation of that namespace's workspace is touched."""
     if namespace is not None and not WorkflowInvocation.objects.filter(
             pk=invocation_id, workspace_id=Workspace.id_of_namespace(namespace)).exists():
         return
     with transaction.atomic():
-        _update_totals(invocation_id)
         # a node still marked running or waiting did not finish: it failed with the invocation
-        NodeInvocation.objects.filter(workflow_invocation_id=invocation_id,
-                                      status__in=[NodeInvocation.Status.RUNNING, NodeInvocation.Status.WAITING]) \
-            .update(status=NodeInvocation.Status.FAILED, error=error, ended_at=now())
+        unfinished = NodeInvocation.objects.filter(
+            workflow_invocation_id=invocation_id, status__in=[NodeInvocation.Status.RUNNING,
+                                                              NodeInvocation.Status.WAITING])
+        for pk, usage in _transcript_usage(unfinished).items():
+            NodeInvocation.objects.filter(pk=pk).update(**usage)
+        unfinished.update(status=NodeInvocation.Status.FAILED, error=error, ended_at=now())
+        _update_totals(invocation_id)
         WorkflowInvocation.objects.filter(pk=invocation_id).exclude(status__in=WorkflowInvocation.TERMINAL).update(
             status=status, error=error, ended_at=now(), updated_at=now())
+
+
+def _transcript_usage(nodes) -> dict[int, dict]:
+    """What the model calls of `nodes` paid, from their transcripts (each answer is one call, written
+    by llm_call with its usage before its step's checkpoint), counted as the runner counts them: a
+    node writes its usage only at its end, so one that never got there would read as free."""
+    usage: dict[int, dict] = {}
+    answers = Message.objects.filter(node_invocation__in=nodes, role=Message.Role.ASSISTANT).order_by("seq")
+    for node_pk, call, cache_hit in answers.values_list("node_invocation_id", "payload__usage", "payload__cache_hit"):
+        total = usage.setdefault(node_pk, {"usd_cost": Decimal(0), "input_tokens": 0, "output_tokens": 0,
+                                           "llm_calls": 0, "cache_hits": 0, "model": ""})
+        call = call or {}
+        total["llm_calls"] += 1
+        total["model"] = call.get("model") or total["model"]
+        if cache_hit:
+            total["cache_hits"] += 1
+            continue
+        total["usd_cost"] += Decimal(str(call.get("usd_cost") or 0))
+        total["input_tokens"] += int(call.get("input_tokens") or 0)
+        total["output_tokens"] += int(call.get("output_tokens") or 0)
+    return usage
 
 
 def _update_totals(invocation_id: int) -> None:
@@ -429,12 +455,13 @@ def context_file_name(scope: str, key: str) -> str:
 
 def invocations_reconcile(*, limit: int = 500) -> int:
     """End the invocations whose durable run ended without them: a run cancelled from the durable
-    admin or API, declared dead after too many crashed turns, or deleted by retention. Such an
-    invocation takes its run's state (cancelled or failed) with the reason. Returns how many."""
+    admin or API, declared dead after too many crashed turns, or deleted by retention; and an eval
+    run's items whose eval run ended before their runs began. Such an invocation takes its run's
+    state (cancelled or failed) with the reason. Returns how many."""
     from durable.selectors import runs_ended_without_owner
 
-    active = WorkflowInvocation.objects.exclude(status__in=WorkflowInvocation.TERMINAL).exclude(durable_run_id=None)
-    ended = runs_ended_without_owner(active.values_list("pk", "durable_run_id")[:limit])
+    active = WorkflowInvocation.objects.filter(status__in=WorkflowInvocation.ACTIVE)
+    ended = runs_ended_without_owner(active, limit=limit)
     for pk, state, reason in ended:
         invocation_fail(pk, reason, status=state)
     return len(ended)

@@ -180,6 +180,7 @@ class WorkflowInvocation(models.Model):
 
     Status = InvocationStatus
     TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+    ACTIVE = (Status.QUEUED, Status.RUNNING, Status.WAITING)
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="workflow_invocations")
     workflow_version = models.ForeignKey(WorkflowVersion, on_delete=models.PROTECT, related_name="invocations")
@@ -200,6 +201,10 @@ class WorkflowInvocation(models.Model):
     # the run survives retention only as long as its settings say; the row here stays
     durable_run = models.ForeignKey(DurableRun, null=True, blank=True, on_delete=models.DO_NOTHING,
                                     db_constraint=False, related_name="+")
+    # the run that wrote this row for a child run of its own to drive (an eval run's item): until that child
+    # begins, the parent's end is the only sign that nothing will
+    parent_run = models.ForeignKey(DurableRun, null=True, blank=True, on_delete=models.DO_NOTHING,
+                                   db_constraint=False, related_name="+")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -211,6 +216,9 @@ class WorkflowInvocation(models.Model):
         indexes = [
             models.Index(fields=["workspace", "-created_at"], name="workflows_inv_ws_created_idx"),
             models.Index(fields=["workflow_version", "-created_at"], name="workflows_inv_version_idx"),
+            # the reconcile's scan of active invocations (ACTIVE), oldest first (invocations_reconcile)
+            models.Index(fields=["id"], name="workflows_inv_active_idx",
+                         condition=Q(status__in=["queued", "running", "waiting"])),
         ]
 
     def __str__(self) -> str:

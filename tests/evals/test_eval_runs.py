@@ -221,3 +221,96 @@ def test_rollback_walks_back_the_activation_history_whatever_was_evaluated_since
     assert WorkflowVersion.objects.get(status="active") == v1
     workflow_version_activate(version=v3)
     assert version_rollback(workflow=v1.workflow).workflow_version == v1
+
+
+def test_cancelling_an_eval_run_before_its_items_start_ends_their_invocations(support_set, support_versions):
+    from durable import engine
+    from evals.services import eval_run_cancel
+    from workflows.execution import invocations_reconcile
+
+    run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=6)
+    engine.execute_turn(run.durable_run_id)  # begun: the items' invocations are written, their runs not begun
+    invocations = WorkflowInvocation.objects.filter(workflow_version=support_versions[0])
+    assert invocations.count() == 6 and set(invocations.values_list("status", flat=True)) == {"queued"}
+    assert eval_run_cancel(eval_run=run)
+    assert invocations_reconcile() == 6
+    assert set(invocations.values_list("status", flat=True)) == {"cancelled"}
+    assert all(run.durable_run_id in error for error in invocations.values_list("error", flat=True))
+    assert invocations_reconcile() == 0
+
+
+def test_the_reconcile_reaches_an_eval_run_behind_any_number_of_active_ones(support_set, support_versions):
+    from durable.services import run_cancel
+    from evals.execution import eval_runs_reconcile
+
+    waiting = eval_run_start(golden_set=support_set, version=support_versions[0])  # queued: legitimately active
+    cancelled = eval_run_start(golden_set=support_set, version=support_versions[1])
+    run_cancel(run_id=cancelled.durable_run_id, reason="from the durable admin")
+    assert eval_runs_reconcile(limit=1) == 1
+    waiting.refresh_from_db()
+    cancelled.refresh_from_db()
+    assert cancelled.status == "cancelled" and waiting.status == "queued"
+
+
+def test_a_failed_eval_run_retried_to_its_end_is_completed_with_its_aggregates(support_set, support_versions,
+                                                                               evaluate, monkeypatch):
+    from durable.inprocess import run_until_settled
+    from durable.services import run_retry
+    from evals import execution
+
+    grade = execution.eval_grade_item
+
+    def outage(*args):
+        raise RuntimeError("the grader's database said no")
+
+    monkeypatch.setattr(execution, "eval_grade_item", outage)
+    run = evaluate(support_set, support_versions[0])
+    assert run.status == "failed" and "said no" in run.error
+    monkeypatch.setattr(execution, "eval_grade_item", grade)
+    assert run_retry(run_id=run.durable_run_id)
+    assert run_until_settled(run.durable_run_id, max_wait=60).status == "completed"
+    run.refresh_from_db()
+    assert run.status == "completed" and run.error == "" and run.items_done == 6
+    assert run.avg_score is not None and run.fitness is not None and run.ended_at
+
+
+def test_an_item_graded_again_after_a_crash_does_not_pay_its_judge_again(workspace, make_version, settings,
+                                                                         monkeypatch):
+    import json
+
+    from durable.inprocess import run_until_settled
+    from durable.services import run_retry
+    from evals import execution
+    from tests.llm.conftest import FakeOpenAIChat
+    from tests.workflows.conftest import graph, node
+
+    golden = golden_set_create(workspace=workspace, name="judged", graders=[{"kind": "llm_judge"}])
+    golden_item_add(golden_set=golden, input={"text": "Why did the deploy fail?"},
+                    expected_output="The database migration timed out.")
+    version = make_version(graph("a", node("a", model="offline-directive-v1", prompt="Answer.")))
+    progress, crashed = execution._progress, []
+
+    def dies_once_graded(eval_run_id):  # the worker dies after the judge answered, before the result is kept
+        if not crashed and GoldenResult.objects.filter(eval_run_id=eval_run_id).exists():
+            crashed.append(eval_run_id)
+            raise RuntimeError("the worker died")
+        progress(eval_run_id)
+
+    monkeypatch.setattr(execution, "_progress", dies_once_graded)
+    with FakeOpenAIChat(dimensions=8) as judge:  # only the judge's calls reach it: the workflow runs offline
+        judge.chat_replies = [{"content": json.dumps({"score": 0.8, "rationale": "Names the migration."}),
+                               "usage": {"prompt_tokens": 300, "completion_tokens": 40}}] * 2
+        settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+        settings.OPENAI_BASE_URL, settings.LLM_MAX_RETRIES = judge.url("/v1"), 0
+        settings.EVAL_JUDGE_MODEL = "gpt-4.1-mini"
+        run = eval_run_start(golden_set=golden, version=version)
+        run_until_settled(run.durable_run_id, max_wait=60)
+        run.refresh_from_db()
+        assert run.status == "failed" and "the worker died" in run.error and crashed
+        assert run_retry(run_id=run.durable_run_id)
+        run_until_settled(run.durable_run_id, max_wait=60)
+    run.refresh_from_db()
+    assert run.status == "completed", run.error
+    result = GoldenResult.objects.get(eval_run=run)
+    assert result.score == 0.8 and result.judge_usd > 0 and run.judge_usd == result.judge_usd
+    assert len(judge.chat_payloads) == 1  # answered from its step's checkpoint the second time

@@ -151,3 +151,78 @@ def test_configuration_edges():
     assert evolution_config([1])[1] == {"config": ["must be an object of settings"]}
     assert "config.mutation_weights" in evolution_config({"mutation_weights": {"model": 1e308, "prompt": 1e308}})[1]
     assert "config.mutation_weights" in evolution_config({"mutation_weights": {"model": 0}})[1]
+
+
+def test_cancelling_an_evolution_before_its_eval_runs_start_frees_its_golden_set(support_set, support_base, owner,
+                                                                                   api_as):
+    from durable import engine
+    from evals.execution import eval_runs_reconcile
+    from evals.models import EvalRun
+
+    run = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
+    engine.execute_turn(run.durable_run_id)  # generation 0's eval runs are written, their runs not begun
+    eval_runs = EvalRun.objects.filter(golden_set=support_set)
+    assert eval_runs.count() == 4 and set(eval_runs.values_list("status", flat=True)) == {"queued"}
+    assert evolution_cancel(run=run)
+    assert eval_runs_reconcile() == 4
+    assert set(eval_runs.values_list("status", flat=True)) == {"cancelled"}
+    item = support_set.items.first()
+    changed = api_as(owner).patch(f"/api/golden-items/{item.pk}/", {"expected_output": "changed"}, format="json")
+    assert changed.status_code == 200, changed.content
+
+
+def test_the_reconcile_reaches_an_evolution_run_behind_any_number_of_active_ones(support_set, support_base):
+    from durable.services import run_cancel
+    from evolution.execution import evolution_runs_reconcile
+
+    waiting = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
+    cancelled = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
+    run_cancel(run_id=cancelled.durable_run_id, reason="from the durable admin")
+    assert evolution_runs_reconcile(limit=1) == 1
+    waiting.refresh_from_db()
+    cancelled.refresh_from_db()
+    assert cancelled.status == "cancelled" and waiting.status == "queued"
+
+
+def test_a_failed_evolution_retried_to_its_end_is_completed_with_its_best(support_set, support_base, monkeypatch):
+    from durable.services import run_retry
+    from evolution import execution
+
+    record = execution.record_generation
+
+    def outage(*args):
+        raise RuntimeError("the database said no")
+
+    monkeypatch.setattr(execution, "record_generation", outage)
+    run = evolution_start(workflow=support_base.workflow, golden_set=support_set,
+                          config={"population": 2, "generations": 1, "seed": 7})
+    run_until_settled(run.durable_run_id, max_wait=120)
+    run.refresh_from_db()
+    assert run.status == "failed" and "said no" in run.error
+    monkeypatch.setattr(execution, "record_generation", record)
+    assert run_retry(run_id=run.durable_run_id)
+    assert run_until_settled(run.durable_run_id, max_wait=120).status == "completed"
+    run.refresh_from_db()
+    assert run.status == "completed" and run.error == "" and run.stop_reason == "1 generations done"
+    assert run.best_version_id is not None and run.best_fitness is not None and run.ended_at
+
+
+def test_the_usd_budget_binds_inside_a_generation_and_counts_every_paid_call(support_set, support_base, settings):
+    from evals.models import EvalRun
+    from workflows.models import WorkflowInvocation
+
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 1000}}
+    settings.LLM_CACHE_ENABLED = False
+    run = evolution_start(workflow=support_base.workflow, golden_set=support_set,
+                          config={"population": 4, "generations": 3, "seed": 7, "concurrency": 1,
+                                  "usd_budget": 0.0001})
+    run_until_settled(run.durable_run_id, max_wait=120)
+    run.refresh_from_db()
+    assert run.status == "completed" and run.stop_reason.startswith("USD budget reached"), run.stop_reason
+    # generation 0's eval runs each had a share of what was left: each started one item, paid, and stopped
+    eval_runs = EvalRun.objects.filter(golden_set=support_set)
+    assert 0 < eval_runs.count() <= 4 and WorkflowInvocation.objects.count() == eval_runs.count()
+    assert all(r.status == "failed" and r.error.startswith("USD budget spent") for r in eval_runs), \
+        [(r.status, r.error) for r in eval_runs]
+    paid = sum(WorkflowInvocation.objects.values_list("usd_cost", flat=True))
+    assert paid > 0 and run.usd_cost == paid  # every paid call counts, though its eval run failed

@@ -54,6 +54,33 @@ def test_costs_add_up_from_the_calls_to_the_nodes_to_the_invocation(make_version
     assert invocation.output_tokens == sum(m.payload["usage"]["output_tokens"] for m in calls)
 
 
+@pytest.mark.parametrize("how", ["cancelled", "cancelled from the durable admin"])
+def test_an_invocation_ended_mid_node_keeps_the_cost_of_the_calls_it_paid(make_version, settle, settings, how):
+    from durable.services import run_cancel
+    from workflows.execution import invocations_reconcile
+    from workflows.services import invocation_cancel
+
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 2000}}
+    settings.LLM_CACHE_ENABLED = False
+    version = make_version(graph("a", node("a", approval=True)))
+    invocation = settle(invocation_start(version=version, input={"text": "price check"}))
+    assert invocation.status == "waiting"
+    (call,) = Message.objects.filter(workflow_invocation=invocation, role="assistant")
+    paid = Decimal(call.payload["usage"]["usd_cost"])
+    assert paid > 0
+    if how == "cancelled":
+        assert invocation_cancel(invocation=invocation)
+    else:
+        run_cancel(run_id=invocation.durable_run_id)
+        assert invocations_reconcile() == 1
+    invocation.refresh_from_db()
+    (ran,) = nodes_of(invocation)
+    assert invocation.status == "cancelled" and ran.status == "failed"
+    assert ran.usd_cost == invocation.usd_cost == paid and ran.llm_calls == invocation.llm_calls == 1
+    assert ran.output_tokens == invocation.output_tokens == call.payload["usage"]["output_tokens"] > 0
+    assert ran.model == "offline-directive-v1"
+
+
 def test_a_parallel_hand_off_fans_out_and_a_wait_for_node_joins_every_branch(make_version, invoke):
     version = make_version(graph(
         "split",
@@ -328,6 +355,37 @@ def test_an_invocation_whose_run_ended_elsewhere_takes_its_end(make_version, set
     assert cancelled.status == "cancelled" and cancelled.durable_run_id in cancelled.error
     assert waiting.status == "waiting"
     assert invocations_reconcile() == 0
+
+
+def test_the_reconcile_reaches_an_invocation_behind_any_number_of_active_ones(make_version, settle):
+    from durable.services import run_cancel
+    from workflows.execution import invocations_reconcile
+
+    version = make_version(graph("a", node("a", approval=True)))
+    waiting = settle(invocation_start(version=version, input={"text": "x"}))
+    cancelled = settle(invocation_start(version=version, input={"text": "y"}))
+    run_cancel(run_id=cancelled.durable_run_id, reason="from the durable admin")
+    assert invocations_reconcile(limit=1) == 1
+    cancelled.refresh_from_db()
+    waiting.refresh_from_db()
+    assert cancelled.status == "cancelled" and waiting.status == "waiting"
+
+
+def test_the_reconcile_reads_active_invocations_through_their_index(make_version, settle):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from workflows.execution import invocations_reconcile
+
+    settle(invocation_start(version=make_version(graph("a", node("a"))), input={"text": "x"}))
+    with CaptureQueriesContext(connection) as queries:
+        assert invocations_reconcile() == 0
+    (select,) = [query["sql"] for query in queries.captured_queries]  # one statement, whatever the row count
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a tiny table: ask which index the planner can use
+        cursor.execute("EXPLAIN " + select)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "workflows_inv_active_idx" in plan, plan
 
 
 def test_a_failure_at_the_start_is_recorded_on_the_invocation(make_version, invoke, monkeypatch):
