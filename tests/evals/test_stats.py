@@ -75,3 +75,21 @@ def test_the_p_value_is_scipys_on_the_non_zero_differences():
         result = paired_comparison(a.tolist(), b.tolist(), resamples=200)
         expected = 1.0 if nonzero.size == 0 else float(wilcoxon(nonzero).pvalue)
         assert result.p_value == pytest.approx(expected, abs=1e-8), (a.tolist(), b.tolist())
+
+
+def test_a_comparison_of_5000_items_stays_within_a_memory_bound():
+    """The web process compares sets of up to EVAL_MAX_ITEMS_PER_SET items: the bootstrap resamples in batches."""
+    import tracemalloc
+
+    rng = np.random.default_rng(7)
+    a = rng.random(5000).round(2)
+    b = np.clip(a + rng.normal(0.01, 0.1, 5000), 0, 1).round(2)
+    tracemalloc.start()
+    try:
+        result = paired_comparison(a.tolist(), b.tolist(), resamples=10_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 * 1024 * 1024, f"peak {peak / 1024 / 1024:.0f} MB"
+    assert result.ci_low < result.mean_diff < result.ci_high
+    assert paired_comparison(a.tolist(), b.tolist(), resamples=10_000) == result  # seeded
