@@ -54,6 +54,9 @@ MAX_BYTES = 5 * 1024 * 1024
 MAX_ITEMS = 5000
 MAX_EXPECTED_OUTPUT = MAX_TEXT_CHARS  # the graders would cut a longer one
 MAX_CRITERIA = 20_000
+# the csv module refuses a field past 131,072 characters by default (one limit for the whole process): a cell
+# as long as the file may be is read here, and its length checked as a JSON Lines line's is
+csv.field_size_limit(max(csv.field_size_limit(), MAX_BYTES))
 
 
 class Unreadable(ValueError):
