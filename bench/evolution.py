@@ -73,10 +73,10 @@ def force_offline() -> None:
 
 def check_offline() -> str:
     """The provider the canonical agents' models resolve to; refuses anything but the offline one."""
-    from evals.agents import MODEL_TIERS
+    from evals.agents import model_tiers
     from llm.chat import OFFLINE_PROVIDER, resolve_model
 
-    for model in MODEL_TIERS.values():
+    for model in model_tiers().values():
         provider = resolve_model(model).provider
         if provider != OFFLINE_PROVIDER:
             raise SystemExit(f"{model} resolves to {provider!r}: this benchmark runs offline only")

@@ -262,6 +262,10 @@ def main() -> int:
 
     common.create_database(BENCH_DB)
     os.environ.setdefault("KNOWLEDGE_EXACT_SCAN_MAX_ROWS", "5000")
+    # the corpus is generated text measured with the feature hasher at 384 dimensions, as its results were
+    os.environ.setdefault("EMBEDDING_PROVIDER", "offline")
+    os.environ.setdefault("EMBEDDING_MODEL", "offline-hash-v2")
+    os.environ.setdefault("EMBEDDING_DIMENSIONS", "384")
     common.setup_django(BENCH_DB)
     from django.conf import settings
     from django.db import connection

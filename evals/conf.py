@@ -19,7 +19,7 @@ class EvalSettings:
 def eval_settings() -> EvalSettings:
     return EvalSettings(
         concurrency=int(getattr(settings, "EVAL_CONCURRENCY", 4)),
-        judge_model=getattr(settings, "EVAL_JUDGE_MODEL", "gpt-4.1-mini"),
+        judge_model=settings.EVAL_JUDGE_MODEL or settings.LLM_DEFAULT_MODEL,
         alpha=float(getattr(settings, "EVAL_ALPHA", 0.05)),
         critical_tolerance=float(getattr(settings, "EVAL_CRITICAL_TOLERANCE", 0.1)),
         bootstrap_resamples=int(getattr(settings, "EVAL_BOOTSTRAP_RESAMPLES", 10_000)),

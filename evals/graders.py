@@ -108,7 +108,7 @@ Graders and their options
     asked again, up to 3 attempts in all; still unreadable, or the call fails (``ChatError``), is a grading
     error. A score slightly outside 0..1 (within 0.5) is clamped. Usage of every attempt is summed.
     Options: ``model`` (a model name as in a workflow DSL, checked against this install); without it the
-    ``judge_model`` argument of ``grade``, else ``settings.EVAL_JUDGE_MODEL`` (default ``gpt-4.1-mini``).
+    ``judge_model`` argument of ``grade``, else ``settings.EVAL_JUDGE_MODEL`` (default ``LLM_DEFAULT_MODEL``).
     Offline fallback: when that model would be answered by the offline provider (no API key), the offline model
     is not a judge, so deterministic graders score instead: ``token_f1``, plus ``json_fields`` when the expected
     output is a JSON object, sharing the judge's weight equally. Their grades carry their own kind and
@@ -151,7 +151,6 @@ MAX_FIELDS = 50
 MAX_SCHEMA_CHARS = 100_000
 REGEX_MAX_PATTERN = 1000
 REGEX_INPUT_CHARS = 100_000
-DEFAULT_JUDGE_MODEL = "gpt-4.1-mini"
 JUDGE_TEMPERATURE = 0.1
 JUDGE_MAX_TOKENS = 400
 JUDGE_ATTEMPTS = 3  # one call and two more for an unreadable reply
@@ -460,8 +459,7 @@ def grade(actual: str, item: ItemSpec, graders: list[dict], *, output_schema: di
     labels: list[str] = []
     for entry in entries:
         if entry["kind"] == "llm_judge":
-            model = entry.get("model") or judge_model or getattr(settings, "EVAL_JUDGE_MODEL", None) \
-                or DEFAULT_JUDGE_MODEL
+            model = entry.get("model") or judge_model or settings.EVAL_JUDGE_MODEL or settings.LLM_DEFAULT_MODEL
             try:
                 offline = resolve_model(model).provider == OFFLINE_PROVIDER
             except UnknownModel as exc:

@@ -6,7 +6,8 @@ changelog[], improved_prompt, confidence}``; a proposal below 0.3 confidence, or
 nothing, is skipped. The rewritten node is the one whose answer is graded (the node the failing
 invocations ended on).
 
-With a real model configured, a model call (temperature 0.3, JSON output) writes the new prompt.
+With a real model configured, a model call (temperature 0.3, JSON output) writes the new prompt: to
+``EVAL_REWRITER_MODEL``, else to the rewritten node's own model.
 Offline, a documented deterministic rewriter reads the graders' verdicts and adds the directives
 the offline chat model obeys (llm/offline_chat.py ``DIRECTIVES``), so iterative improvement is real
 offline, for reasons a reader can trace:
@@ -115,7 +116,7 @@ def propose(*, eval_run: EvalRun, user=None, create: bool = True) -> Proposal:
     node_id = target_node(version, failures)
     node = next(n for n in version.dsl["nodes"] if n["nodeId"] == node_id)
     try:
-        offline = resolve_model(node["gatewayModelId"]).provider == OFFLINE_PROVIDER
+        offline = resolve_model(rewriter_model(node)).provider == OFFLINE_PROVIDER
     except Exception:
         offline = True
     proposal = offline_proposal(version, node_id, failures) if offline else model_proposal(version, node_id, failures)
@@ -276,14 +277,22 @@ def offline_proposal(version: WorkflowVersion, node_id: str, failures: list[Gold
 
 # ------------------------------------------------------------------------------------------ a real model
 
+def rewriter_model(node: dict) -> str:
+    """The model that rewrites `node`'s prompt: EVAL_REWRITER_MODEL, else the node's own model."""
+    from django.conf import settings
+
+    return getattr(settings, "EVAL_REWRITER_MODEL", "") or node["gatewayModelId"]
+
+
 def model_proposal(version: WorkflowVersion, node_id: str, failures: list[GoldenResult]) -> Proposal:
     from llm.chat import ChatError, ChatRequest, chat
 
     node = next(n for n in version.dsl["nodes"] if n["nodeId"] == node_id)
+    model = rewriter_model(node)
     cases = [{"input": _cut(r.golden_item.input), "expected": _cut(r.golden_item.expected_output),
               "actual": _cut(r.actual_output), "rationale": _cut(r.grading_rationale)} for r in failures]
     request = ChatRequest(
-        model=node["gatewayModelId"], temperature=0.3, max_tokens=1500,
+        model=model, temperature=0.3, max_tokens=1500,
         messages=[{"role": "system", "content": REWRITER_PROMPT},
                   {"role": "user", "content": json.dumps({"current_prompt": node.get("systemPrompt") or "",
                                                           "failures": cases}, ensure_ascii=False)}],
@@ -291,7 +300,7 @@ def model_proposal(version: WorkflowVersion, node_id: str, failures: list[Golden
     try:
         response, _ = chat(request)
     except ChatError as exc:
-        return Proposal(skipped=f"the rewriter's model failed: {exc}", rewriter=node["gatewayModelId"])
+        return Proposal(skipped=f"the rewriter's model failed: {exc}", rewriter=model)
     try:
         answer = json.loads(response.content)
         improved = answer["improved_prompt"]
@@ -299,9 +308,9 @@ def model_proposal(version: WorkflowVersion, node_id: str, failures: list[Golden
         if not isinstance(improved, str) or not improved.strip():
             raise ValueError("no improved_prompt")
     except (ValueError, KeyError, TypeError) as exc:
-        return Proposal(skipped=f"the rewriter's answer was not usable: {exc}", rewriter=node["gatewayModelId"])
+        return Proposal(skipped=f"the rewriter's answer was not usable: {exc}", rewriter=model)
     dsl = copy.deepcopy(version.dsl)
     next(n for n in dsl["nodes"] if n["nodeId"] == node_id)["systemPrompt"] = improved.strip()
     changelog = [str(line)[:200] for line in answer.get("changelog") or []][:10] or ["rewrote the prompt"]
     return Proposal(failure_analysis=str(answer.get("failure_analysis", ""))[:2000], changelog=changelog,
-                    confidence=max(0.0, min(1.0, confidence)), dsl=dsl, rewriter=node["gatewayModelId"])
+                    confidence=max(0.0, min(1.0, confidence)), dsl=dsl, rewriter=model)

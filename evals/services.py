@@ -250,7 +250,7 @@ def version_promote(*, candidate: WorkflowVersion, golden_set: GoldenSet, user=N
                                                  status=WorkflowVersion.Status.ACTIVE).values_list("pk", flat=True)
         if list(current) != ([active.pk] if active else []):
             raise EvalError({"workflow": ["the active version changed while comparing: compare again"]})
-        workflow_version_activate(version=candidate)
+        workflow_version_activate(version=candidate, user=user)
         promotion = Promotion.objects.create(workflow_id=candidate.workflow_id, workflow_version=candidate,
                                              previous_version=active, golden_set=golden_set,
                                              action=Promotion.Action.PROMOTE, evidence=evidence,
@@ -259,20 +259,20 @@ def version_promote(*, candidate: WorkflowVersion, golden_set: GoldenSet, user=N
 
 
 def version_rollback(*, workflow: Workflow, user=None) -> Promotion:
-    """Re-activate the newest archived version of `workflow` (the one archived last)."""
-    from workflows.services import workflow_version_activate
+    """Re-activate the version that was active before the current one, by the workflow's activation
+    history (``workflows.services.workflow_version_rollback``: repeated rollbacks walk back one activation
+    each), and record it as a rollback. EvalError naming `workflow` when there is no earlier version."""
+    from workflows.services import workflow_version_rollback
 
     with transaction.atomic():
-        Workflow.objects.select_for_update().get(pk=workflow.pk)
-        target = WorkflowVersion.objects.filter(workflow=workflow, status=WorkflowVersion.Status.ARCHIVED) \
-            .order_by("-updated_at", "-pk").first()
-        if target is None:
-            raise EvalError({"workflow": ["has no archived version to roll back to"]})
-        active = WorkflowVersion.objects.filter(workflow=workflow, status=WorkflowVersion.Status.ACTIVE).first()
-        workflow_version_activate(version=target)
-        return Promotion.objects.create(workflow=workflow, workflow_version=target, previous_version=active,
-                                        action=Promotion.Action.ROLLBACK, evidence={"rolled_back_from":
-                                                                                    getattr(active, "pk", None)},
+        activation = workflow_version_rollback(workflow=workflow, user=user)
+        if activation is None:
+            raise EvalError({"workflow": ["has no earlier active version to roll back to"]})
+        return Promotion.objects.create(workflow=workflow, workflow_version=activation.workflow_version,
+                                        previous_version=activation.previous_version,
+                                        action=Promotion.Action.ROLLBACK,
+                                        evidence={"rolled_back_from": activation.previous_version_id,
+                                                  "activation": activation.pk},
                                         decided_by=user if getattr(user, "pk", None) else None)
 
 

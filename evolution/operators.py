@@ -133,11 +133,14 @@ the document is still not a workflow.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from django.conf import settings
 
 from llm.offline_chat import DIRECTIVES, FoundDirective, find_directives
 from workflows.dsl import (
@@ -191,7 +194,8 @@ class Offspring:
 class Material:
     """What the offline operators may draw on (see the module docstring)."""
 
-    models: tuple[str, ...] = ("gpt-4.1-mini", "gpt-4.1-nano", "gpt-4o-mini")
+    # the model pool of the model mutation (EVOLUTION_MODELS)
+    models: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(settings.EVOLUTION_MODELS))
     # names in workflows.dsl.BUILTIN_CODE_TOOLS go to a node's codeTools, any other to its mcpTools
     tools: tuple[str, ...] = ("knowledge_search", "skill_load")
     directives: tuple[str, ...] = ()  # extra canonical directive texts; the default pool is directive_pool(dsl)
@@ -905,12 +909,13 @@ def _mutate_kind(parent: dict, parent_hash: str, kind: str, rng: random.Random, 
     return None
 
 
-def mutate(dsl: dict, rng: random.Random, *, material: Material = Material(), kind: str | None = None,
+def mutate(dsl: dict, rng: random.Random, *, material: Material | None = None, kind: str | None = None,
            weights: dict | None = None,
            iterative: Callable[[dict], tuple[dict, str] | None] | None = None) -> Offspring | None:
     """A mutant of `dsl` (see the module docstring): of `kind`, else of a kind drawn by `weights`
     (default ``MUTATION_WEIGHTS``; a kind that cannot apply is left out and another drawn). None when
     nothing applies. `iterative(dsl)` returns (dsl, changelog line) or None."""
+    material = material or Material()
     parent = parse(dsl)
     parent_hash = dsl_hash(parent)
     if kind is not None:
@@ -1128,9 +1133,10 @@ def _instantiate(base: dict, template: ImmigrantTemplate, rng: random.Random, ma
     return out
 
 
-def immigrant(dsl: dict, rng: random.Random, *, material: Material = Material()) -> Offspring:
+def immigrant(dsl: dict, rng: random.Random, *, material: Material | None = None) -> Offspring:
     """A fresh workflow from ``IMMIGRANT_TEMPLATES`` for the base `dsl` (see the module docstring),
     different from the base."""
+    material = material or Material()
     base = parse(dsl)
     base_hash = dsl_hash(base)
     pool, goal, names = _pool(base, material), _goal_sentence(base, material), list(IMMIGRANT_TEMPLATES)

@@ -16,5 +16,7 @@ class KnowledgeConfig(AppConfig):
     verbose_name = "Knowledge and skills"
 
     def ready(self):
+        from knowledge import checks  # noqa: F401 (registers the start-up checks)
+
         post_delete.connect(_drop_workspace_vector_index, sender="workspaces.Workspace",
                             dispatch_uid="knowledge_drop_workspace_vector_index")

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db import connection
+
 from knowledge.models import KnowledgeChunk, Skill
 from knowledge.search import SearchHit, SearchResult, knowledge_search
 from knowledge.skills import match_reason
 
-__all__ = ["SearchHit", "SearchResult", "knowledge_search", "skill_match", "skill_versions", "source_chunks"]
+__all__ = ["SearchHit", "SearchResult", "embedding_column_width", "knowledge_search", "skill_match", "skill_versions",
+           "source_chunks"]
 
 
 @dataclass(frozen=True)
@@ -44,3 +47,13 @@ def skill_versions(*, skill: Skill):
 def source_chunks(*, source):
     return KnowledgeChunk.objects.filter(source=source).order_by("ordinal").only(
         "id", "ordinal", "content", "token_count")
+
+
+def embedding_column_width() -> int | None:
+    """The width N of the stored vectors (the chunk table's vector(N) column), or None before the
+    knowledge tables exist."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT atttypmod FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = 'embedding'",
+                       [KnowledgeChunk._meta.db_table])
+        row = cursor.fetchone()
+    return int(row[0]) if row and row[0] > 0 else None

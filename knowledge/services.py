@@ -221,6 +221,39 @@ def workspace_reembed(*, workspace, stale_only: bool = True) -> list[DurableRun]
     return runs
 
 
+@transaction.atomic
+def embedding_width_change(*, dimensions: int) -> int:
+    """Give the stored vectors the width `dimensions` (EMBEDDING_DIMENSIONS changed); returns the old width.
+
+    The chunks keep placeholder vectors (cut to the new width, or padded with zeros) and every indexed
+    source is marked as embedded with another model (``<model>@<old width>``), so ``workspace_reembed``
+    picks each up; staged vectors of unfinished ingests are dropped (their runs' batches embed again).
+    One transaction: a crash leaves either the old width with nothing marked, or the new width with
+    every source marked stale; the chunk indexes are rebuilt by the ALTER inside it."""
+    from django.db import connection
+    from django.db.models import F, Value
+    from django.db.models.functions import Concat
+
+    from knowledge.models import KnowledgeChunk, KnowledgeChunkStage
+    from knowledge.selectors import embedding_column_width
+
+    old = embedding_column_width()
+    if old is None or old == dimensions:
+        return old or dimensions
+    if dimensions < old:
+        placeholder = f"subvector(embedding, 1, {dimensions})::vector({dimensions})"
+    else:
+        placeholder = f"(embedding::real[] || array_fill(0::real, ARRAY[{dimensions - old}]))::vector({dimensions})"
+    with connection.cursor() as cursor:
+        stage, chunks = KnowledgeChunkStage._meta.db_table, KnowledgeChunk._meta.db_table
+        cursor.execute(f"UPDATE {stage} SET embedding = NULL WHERE embedding IS NOT NULL")
+        cursor.execute(f"ALTER TABLE {stage} ALTER COLUMN embedding TYPE vector({dimensions}) USING NULL")
+        cursor.execute(f"ALTER TABLE {chunks} ALTER COLUMN embedding TYPE vector({dimensions}) USING {placeholder}")
+    KnowledgeSource.objects.filter(ingest_status=KnowledgeSource.Status.INDEXED).update(
+        embedding_model=Concat(F("embedding_model"), Value(f"@{old}")))
+    return old
+
+
 def source_delete(*, source: KnowledgeSource) -> None:
     """Delete a source, its chunks and its stored file; an ingest still running is cancelled."""
     from durable.services import run_cancel

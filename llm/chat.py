@@ -10,13 +10,14 @@ A model name is written as in a workflow DSL: bare (``gpt-4.1-mini``) or with a 
 (``openrouter#openai/gpt-4.1-mini``). Which provider answers:
 
 - ``offline#<anything>`` and the bare name ``offline-directive-v1`` always go to the offline model;
-- a prefix that names no configured provider (``settings.LLM_PROVIDERS`` plus the built-in ``openai``
-  and ``offline``) is an ``UnknownModel``, whatever the mode;
-- with ``LLM_PROVIDER = "offline"`` (no API key) every other model is answered by the offline model,
+- with ``LLM_PROVIDER = "offline"`` (no API key) every other model name, bare or with any provider
+  prefix (``openrouter#...`` names of imported workflows included), is answered by the offline model,
   so a workflow written for real models runs unchanged, and its usage says so (provider ``offline``,
   model ``offline-directive-v1``);
 - with ``LLM_PROVIDER = "openai"`` a bare name goes to ``openai`` (``OPENAI_BASE_URL``, which may point at
-  any OpenAI-compatible server) and a prefixed one to that provider's base URL and key.
+  any OpenAI-compatible server) and a prefixed one to that provider's base URL and key
+  (``llm/providers.py``); a prefix that names no configured provider (``settings.LLM_PROVIDERS`` plus the
+  built-in ``openai`` and ``offline``) is an ``UnknownModel``.
 
 Every answer ``chat()`` returns is text Postgres can store (``clean_response``): models do emit U+0000
 (echoing binary tool output) and unpaired surrogates (broken decoding, a JSON ``"\ud800"`` escape),
@@ -31,21 +32,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import random
 import re
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from django.conf import settings
 
+from llm.providers import OFFLINE_PROVIDER, configured_providers
+from llm.retry import RetryPolicy, wait
 from llm.usage import Usage, record_usage
 
 logger = logging.getLogger("llm.chat")
 
-OFFLINE_PROVIDER = "offline"
 OFFLINE_MODEL = "offline-directive-v1"
 PROVIDER_SEPARATOR = "#"
 
@@ -218,26 +217,6 @@ class ResolvedModel:
     api_key: str
 
 
-def _providers() -> dict[str, dict]:
-    """The configured providers: the built-in openai and offline, then LLM_PROVIDERS (which may replace openai)."""
-    providers = {"openai": {"base_url": None, "api_key_env": "OPENAI_API_KEY"}, OFFLINE_PROVIDER: {}}
-    providers.update(getattr(settings, "LLM_PROVIDERS", None) or {})
-    return providers
-
-
-def _api_key(provider: str, entry: dict) -> str | None:
-    """The provider's key, from the environment variable its entry names (OPENAI_API_KEY through its
-    setting); "" when it names none (a local server); None when that variable is unset. The built-in
-    openai provider pointed at another server (OPENAI_BASE_URL) may go without a key."""
-    name = entry.get("api_key_env")
-    if not name:
-        return ""
-    value = settings.OPENAI_API_KEY if name == "OPENAI_API_KEY" else os.environ.get(name, "")
-    if not value.strip() and provider == "openai" and not entry.get("base_url") and settings.OPENAI_BASE_URL:
-        return ""
-    return value.strip() or None
-
-
 def resolve_model(model_name: str) -> ResolvedModel:
     """Where a call to `model_name` goes on this install (see the module docstring for the rules)."""
     name = (model_name or "").strip()
@@ -254,23 +233,54 @@ def resolve_model(model_name: str) -> ResolvedModel:
         raise UnknownModel(f"Model {model_name!r} names no model after {PROVIDER_SEPARATOR!r}.")
     if prefix == OFFLINE_PROVIDER or (not prefix and model == OFFLINE_MODEL):
         return ResolvedModel(OFFLINE_PROVIDER, OFFLINE_MODEL, None, "")
-    providers = _providers()
-    if prefix and prefix not in providers:
+    if settings.LLM_PROVIDER == OFFLINE_PROVIDER:
+        # the demo and the tests: every model name, whatever provider it names, is the offline model
+        # (its usage says so), so workflows written for real providers run unchanged
+        return ResolvedModel(OFFLINE_PROVIDER, OFFLINE_MODEL, None, "")
+    providers = configured_providers()
+    provider = prefix or "openai"
+    if provider not in providers:
         known = ", ".join(sorted(providers))
         raise UnknownModel(f'Model {model_name!r}: provider "{prefix}" is not configured (LLM_PROVIDERS; '
                            f"configured: {known}).")
-    if settings.LLM_PROVIDER == OFFLINE_PROVIDER:
-        return ResolvedModel(OFFLINE_PROVIDER, OFFLINE_MODEL, None, "")
-    provider = prefix or "openai"
-    entry = providers[provider]
-    api_key = _api_key(provider, entry)
+    config = providers[provider]
+    api_key = config.api_key()
     if api_key is None:
         raise UnknownModel(f'Model {model_name!r}: provider "{provider}" has no API key '
-                           f"(set {entry['api_key_env']}).")
-    base_url = entry.get("base_url")
-    if provider == "openai" and base_url is None:
-        base_url = settings.OPENAI_BASE_URL
-    return ResolvedModel(provider, model, base_url, api_key)
+                           f"(set {config.api_key_env}).")
+    return ResolvedModel(provider, model, config.url(), api_key)
+
+
+def _strict_compatible(schema) -> bool:
+    """Whether OpenAI's strict mode accepts `schema`: every object closed (additionalProperties false)
+    with all its properties required, all the way down."""
+    if not isinstance(schema, dict):
+        return False
+    if schema.get("type") == "object":
+        properties = schema.get("properties") or {}
+        return (schema.get("additionalProperties") is False and set(schema.get("required") or ()) == set(properties)
+                and all(_strict_compatible(value) for value in properties.values()))
+    if schema.get("type") == "array":
+        return _strict_compatible(schema.get("items"))
+    return True
+
+
+def structured_output_format(model_name: str, schema: dict | None) -> dict | None:
+    """The response_format asking `model_name` for JSON following `schema` (a workflow's outputSchema),
+    when the provider it resolves to honours structured outputs (its ``structured_outputs`` flag in
+    LLM_PROVIDERS; the offline model reads the schema from the prompt's directives instead). None for
+    an empty or non-object schema, an unknown model, or a provider without the flag."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        return None
+    try:
+        resolved = resolve_model(model_name)
+    except UnknownModel:
+        return None
+    config = configured_providers().get(resolved.provider)
+    if config is None or not config.structured_outputs:
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema,
+                                                   "strict": _strict_compatible(schema)}}
 
 
 def model_problem(model_name: str) -> str | None:
@@ -309,32 +319,21 @@ def get_chat_provider(resolved: ResolvedModel) -> ChatProvider:
     return _openai_provider(resolved.provider, resolved.base_url, resolved.api_key, settings.LLM_TIMEOUT_SECONDS)
 
 
-_sleep = time.sleep  # replaced by tests
-
-
-def _retry_delay(attempt: int, exc: TransientChatError) -> float:
-    cap = float(settings.LLM_RETRY_BACKOFF_CAP_SECONDS)
-    if exc.retry_after is not None:
-        return min(cap, max(0.0, exc.retry_after))
-    delay = min(cap, float(settings.LLM_RETRY_BACKOFF_SECONDS) * 2 ** (attempt - 1))
-    return delay * (0.5 + random.random() / 2)
-
-
 def _complete_with_retries(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel) -> ChatResponse:
-    retries = int(settings.LLM_MAX_RETRIES)
+    policy = RetryPolicy.from_settings()
     attempt = 0
     while True:
         try:
             return provider.complete(request, resolved)
         except TransientChatError as exc:
             attempt += 1
-            if attempt > retries:
+            delay = policy.delay(attempt, retry_after=exc.retry_after)
+            if delay is None:
                 raise TransientChatError(f"{resolved.provider} model {resolved.model!r} failed after {attempt} "
                                          f"attempts: {exc}", retry_after=exc.retry_after) from exc
-            delay = _retry_delay(attempt, exc)
             logger.warning("chat call to %s %r failed (%s), retry %d/%d in %.1fs",
-                           resolved.provider, resolved.model, exc, attempt, retries, delay)
-            _sleep(delay)
+                           resolved.provider, resolved.model, exc, attempt, policy.max_retries, delay)
+            wait(delay)
 
 
 def chat(request: ChatRequest, *, cache=None) -> tuple[ChatResponse, bool]:

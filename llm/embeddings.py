@@ -1,4 +1,5 @@
-"""Embedding providers: OpenAI (or any OpenAI-compatible server) and a deterministic offline one.
+"""Embedding providers: OpenAI or any OpenAI-compatible server (an LLM_PROVIDERS entry), and two
+deterministic offline ones: wordllama (a real local model, the default) and a feature hasher.
 
     provider = get_embedding_provider()
     result = provider.embed(["first text", "second text"])   # result.vectors: float32 array (n, dimensions)
@@ -6,18 +7,17 @@
 
 Both return unit-length vectors of ``settings.EMBEDDING_DIMENSIONS`` values, so cosine distance is
 the natural metric. Which provider answers is ``settings.EMBEDDING_PROVIDER``: ``openai`` when an
-API key is set, else ``offline``.
+API key is set, else ``offline`` (``EMBEDDING_MODEL`` ``wordllama-l2-supercat``, or ``offline-hash-v2``),
+or any provider of ``LLM_PROVIDERS``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import random
 import threading
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -25,6 +25,8 @@ import numpy as np
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from llm.providers import OFFLINE_PROVIDER, provider_config
+from llm.retry import RetryPolicy, retry_after_of, wait
 from llm.usage import Usage, estimate_tokens, record_usage
 
 logger = logging.getLogger("llm.embeddings")
@@ -295,30 +297,69 @@ def _unit_rows(sums: np.ndarray) -> np.ndarray:
     return (sums / norms).astype(np.float32)
 
 
+# ----------------------------------------------------------------------------------------- wordllama
+
+
+class WordLlamaEmbeddingProvider(EmbeddingProvider):
+    """A real embedding model on this machine: wordllama's ``l2_supercat`` static token embeddings
+    (distilled from an LLM's token embedding table, mean-pooled; 256 dimensions, truncatable to 128 or
+    64), whose weights and tokenizer ship inside the wordllama wheel. Loaded from the package's own
+    folder with downloads disabled, so it never reaches the network. Deterministic, semantic (texts
+    about the same thing in different words land near each other), and free."""
+
+    name = "offline"
+    MODEL = "wordllama-l2-supercat"
+    WIDTHS = (64, 128, 256)
+
+    def __init__(self, *, dimensions: int = 256, model: str = MODEL):
+        if model != self.MODEL:
+            raise ImproperlyConfigured(f"EMBEDDING_MODEL={model!r} is not an offline model: use {self.MODEL!r}, "
+                                       "'offline-hash-v2' or 'offline-hash-v1'.")
+        if dimensions not in self.WIDTHS:
+            raise ImproperlyConfigured(f"EMBEDDING_DIMENSIONS={dimensions} is not a width of {model}: use 64, 128 "
+                                       "or 256.")
+        from pathlib import Path
+
+        import wordllama
+
+        self.model = model
+        self.dimensions = dimensions
+        # its own folder holds the bundled weights and tokenizer; the default cache path would miss the
+        # tokenizer and try to download it
+        self._wordllama = wordllama.WordLlama.load(
+            config="l2_supercat", dim=256, trunc_dim=None if dimensions == 256 else dimensions,
+            cache_dir=Path(wordllama.__file__).parent, disable_download=True)
+
+    def _embed(self, texts: list[str]) -> EmbeddingResult:
+        # unnormalised, so a text with no token (empty, or nothing the tokenizer keeps) gets the fixed
+        # fallback vector of _unit_rows instead of NaNs
+        vectors = np.nan_to_num(np.asarray(self._wordllama.embed(texts, norm=False), dtype=np.float64))
+        tokens = sum(estimate_tokens(text) for text in texts)
+        return EmbeddingResult(_unit_rows(vectors.reshape(len(texts), self.dimensions)),
+                               Usage.priced(provider=self.name, model=self.model, input_tokens=tokens))
+
+
 # -------------------------------------------------------------------------------------------- openai
 
 
 class OpenAIEmbeddingProvider(EmbeddingProvider):
     """The OpenAI embeddings endpoint through the official client, with any OpenAI-compatible base URL
     (vLLM, Ollama, LM Studio). Requests hold at most `batch_size` texts; rate limits, timeouts,
-    connection errors and 5xx answers are retried with capped exponential backoff and jitter
-    (honouring Retry-After), other errors fail at once with the server's message."""
+    connection errors and 5xx answers are retried as chat calls are (llm/retry.py: Retry-After,
+    retry-after-ms, LLM_MAX_RETRIES), other errors fail at once with the server's message."""
 
-    name = "openai"
     MAX_INPUT_CHARS = 24_000  # about 6,000 tokens: under the 8,191-token input limit
 
     def __init__(self, *, model: str, dimensions: int, api_key: str = "", base_url: str | None = None,
-                 batch_size: int = 64, timeout: float = 60.0, max_retries: int = 5, backoff_base: float = 1.0,
-                 backoff_cap: float = 30.0, sleep: Callable[[float], None] = time.sleep, client=None):
+                 batch_size: int = 64, timeout: float = 60.0, retry: RetryPolicy | None = None,
+                 name: str = "openai", client=None):
         import openai
 
+        self.name = name
         self.model = model
         self.dimensions = dimensions
         self.batch_size = batch_size
-        self.max_retries = max_retries
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
-        self._sleep = sleep
+        self.retry = retry
         self._openai = openai
         # the client's own retries are off: ours know about Retry-After and count every attempt
         self.client = client or openai.OpenAI(api_key=api_key or "no-key", base_url=base_url, timeout=timeout,
@@ -340,6 +381,7 @@ class OpenAIEmbeddingProvider(EmbeddingProvider):
         kwargs = {"model": self.model, "input": batch, "encoding_format": "float"}
         if self.send_dimensions:
             kwargs["dimensions"] = self.dimensions
+        policy = self.retry or RetryPolicy.from_settings()
         attempt = 0
         while True:
             try:
@@ -348,14 +390,14 @@ class OpenAIEmbeddingProvider(EmbeddingProvider):
             except (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError,
                     openai.InternalServerError) as exc:
                 attempt += 1
-                if attempt > self.max_retries:
+                delay = policy.delay(attempt, retry_after=retry_after_of(exc))
+                if delay is None:
                     raise TransientEmbeddingError(
                         f"embedding request failed after {attempt} attempts: {type(exc).__name__}: {exc}"
                     ) from exc
-                delay = self._delay(attempt, exc)
                 logger.warning("embedding request failed (%s), retry %d/%d in %.1fs",
-                               type(exc).__name__, attempt, self.max_retries, delay)
-                self._sleep(delay)
+                               type(exc).__name__, attempt, policy.max_retries, delay)
+                wait(delay)
             except openai.APIStatusError as exc:
                 raise EmbeddingError(f"the embedding server refused the request ({exc.status_code}): "
                                      f"{_server_message(exc)}") from exc
@@ -375,17 +417,6 @@ class OpenAIEmbeddingProvider(EmbeddingProvider):
         tokens = getattr(usage, "prompt_tokens", None) or sum(estimate_tokens(text) for text in batch)
         return vectors, int(tokens)
 
-    def _delay(self, attempt: int, exc: Exception) -> float:
-        response = getattr(exc, "response", None)
-        retry_after = response.headers.get("retry-after") if response is not None else None
-        if retry_after:
-            try:
-                return min(self.backoff_cap, max(0.0, float(retry_after)))
-            except ValueError:
-                pass
-        delay = min(self.backoff_cap, self.backoff_base * 2 ** (attempt - 1))
-        return delay * (0.5 + random.random() / 2)
-
 
 def _server_message(exc) -> str:
     body = getattr(exc, "body", None)
@@ -400,18 +431,31 @@ def _server_message(exc) -> str:
 
 
 @lru_cache(maxsize=8)
-def _provider(name: str, model: str, dimensions: int, api_key: str, base_url: str | None, batch_size: int,
-              timeout: int) -> EmbeddingProvider:
-    if name == "offline":
+def _offline_provider(model: str, dimensions: int) -> EmbeddingProvider:
+    if model.startswith("offline-hash-"):
         return OfflineEmbeddingProvider(dimensions=dimensions, model=model)
-    if name == "openai":
-        return OpenAIEmbeddingProvider(model=model, dimensions=dimensions, api_key=api_key, base_url=base_url,
-                                       batch_size=batch_size, timeout=timeout)
-    raise ImproperlyConfigured(f"EMBEDDING_PROVIDER={name!r} is not known: use 'openai' or 'offline'.")
+    return WordLlamaEmbeddingProvider(dimensions=dimensions, model=model)
+
+
+@lru_cache(maxsize=8)
+def _openai_provider(name: str, model: str, dimensions: int, api_key: str, base_url: str | None, batch_size: int,
+                     timeout: int) -> EmbeddingProvider:
+    return OpenAIEmbeddingProvider(name=name, model=model, dimensions=dimensions, api_key=api_key, base_url=base_url,
+                                   batch_size=batch_size, timeout=timeout)
 
 
 def get_embedding_provider() -> EmbeddingProvider:
-    """The provider the settings name (one instance per configuration, shared by the process)."""
-    return _provider(settings.EMBEDDING_PROVIDER, settings.EMBEDDING_MODEL, settings.EMBEDDING_DIMENSIONS,
-                     settings.OPENAI_API_KEY, settings.OPENAI_BASE_URL, settings.EMBEDDING_BATCH_SIZE,
-                     settings.LLM_TIMEOUT_SECONDS)
+    """The provider the settings name (one instance per configuration, shared by the process):
+    EMBEDDING_PROVIDER "offline", "openai", or any LLM_PROVIDERS entry (its base URL and key)."""
+    name, model, dimensions = settings.EMBEDDING_PROVIDER, settings.EMBEDDING_MODEL, settings.EMBEDDING_DIMENSIONS
+    if name == OFFLINE_PROVIDER:
+        return _offline_provider(model, dimensions)
+    config = provider_config(name)
+    if config is None:
+        raise ImproperlyConfigured(f"EMBEDDING_PROVIDER={name!r} is not known: use 'offline', 'openai' or a "
+                                   "provider of LLM_PROVIDERS.")
+    api_key = config.api_key()
+    if api_key is None:
+        raise ImproperlyConfigured(f"EMBEDDING_PROVIDER={name!r} has no API key (set {config.api_key_env}).")
+    return _openai_provider(name, model, dimensions, api_key, config.url(), settings.EMBEDDING_BATCH_SIZE,
+                            settings.LLM_TIMEOUT_SECONDS)

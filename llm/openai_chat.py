@@ -16,6 +16,8 @@ from llm.chat import (
     TransientChatError,
     parse_tool_arguments,
 )
+from llm.model_options import model_options
+from llm.retry import retry_after_of
 from llm.usage import Usage, estimate_tokens
 
 # statuses the openai client itself would retry besides 429 and 5xx: a request timeout and a lock conflict
@@ -24,7 +26,8 @@ _TRANSIENT_STATUSES = {408, 409}
 
 class OpenAIChatProvider(ChatProvider):
     """POST /chat/completions with the request's messages, tools (tool_choice "auto"), response format,
-    temperature and max_tokens. Rate limits, timeouts, lost connections and 5xx answers raise
+    temperature and token limit, shaped for the model (llm/model_options.py: reasoning models get
+    max_completion_tokens and no temperature). Rate limits, timeouts, lost connections and 5xx answers raise
     TransientChatError (with the server's Retry-After), any other refusal ChatError with its message."""
 
     def __init__(self, *, name: str = "openai", base_url: str | None = None, api_key: str = "",
@@ -39,25 +42,30 @@ class OpenAIChatProvider(ChatProvider):
 
     def complete(self, request: ChatRequest, resolved: ResolvedModel) -> ChatResponse:
         openai = self._openai
-        kwargs: dict = {"model": resolved.model, "messages": request.messages, "temperature": request.temperature}
+        options = model_options(resolved.provider, resolved.model)
+        kwargs: dict = {"model": resolved.model, "messages": request.messages}
+        if options.temperature:
+            kwargs["temperature"] = request.temperature
         if request.tools:
             kwargs["tools"] = [tool.as_openai() for tool in request.tools]
             kwargs["tool_choice"] = "auto"
         if request.response_format:
             kwargs["response_format"] = request.response_format
         if request.max_tokens is not None:
-            kwargs["max_tokens"] = request.max_tokens
+            kwargs[options.token_limit_param] = request.max_tokens
+        if options.extra_body:
+            kwargs["extra_body"] = options.extra_body
         started = time.perf_counter()
         try:
             completion = self.client.chat.completions.create(**kwargs)
         except (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError,
                 openai.InternalServerError) as exc:
             raise TransientChatError(f"{type(exc).__name__}: {_server_message(exc)}",
-                                     retry_after=_retry_after(exc)) from exc
+                                     retry_after=retry_after_of(exc)) from exc
         except openai.APIStatusError as exc:
             message = f"{self.name} refused the chat request ({exc.status_code}): {_server_message(exc)}"
             if exc.status_code in _TRANSIENT_STATUSES:
-                raise TransientChatError(message, retry_after=_retry_after(exc)) from exc
+                raise TransientChatError(message, retry_after=retry_after_of(exc)) from exc
             raise ChatError(message) from exc
         except openai.OpenAIError as exc:  # an answer the client could not read
             raise ChatError(f"{self.name} answered the chat request with something unreadable: {exc}") from exc
@@ -82,24 +90,16 @@ class OpenAIChatProvider(ChatProvider):
         return ChatResponse(
             content=content, tool_calls=tool_calls,
             usage=Usage.priced(provider=self.name, model=completion.model or resolved.model,
-                               input_tokens=int(input_tokens), output_tokens=int(output_tokens)),
+                               input_tokens=int(input_tokens), output_tokens=int(output_tokens),
+                               cached_input_tokens=_cached_tokens(usage), requested=resolved.model),
             latency_ms=latency_ms, finish_reason=choice.finish_reason or ("tool_calls" if tool_calls else "stop"),
         )
 
 
-def _retry_after(exc) -> float | None:
-    """The wait the server asked for, in seconds (retry-after-ms, else retry-after in seconds)."""
-    response = getattr(exc, "response", None)
-    if response is None:
-        return None
-    for header, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = response.headers.get(header)
-        try:
-            if value:
-                return max(0.0, float(value) / scale)
-        except ValueError:  # an HTTP date: fall back to our own backoff
-            continue
-    return None
+def _cached_tokens(usage) -> int:
+    """Input tokens the provider read from its prompt cache (billed lower), when it says."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    return int(getattr(details, "cached_tokens", None) or 0)
 
 
 def _server_message(exc) -> str:

@@ -28,9 +28,13 @@ class Usage:
 
     @classmethod
     def priced(cls, *, provider: str, model: str, input_tokens: int = 0, output_tokens: int = 0,
-               calls: int = 1) -> Usage:
+               calls: int = 1, cached_input_tokens: int = 0, requested: str | None = None) -> Usage:
+        """A call's usage priced by llm/prices.py (`cached_input_tokens` of the input read from the
+        provider's prompt cache; `requested`, the model name asked for, when another answered)."""
+        cost = cost_usd(model, provider=provider, input_tokens=input_tokens, output_tokens=output_tokens,
+                        cached_input_tokens=cached_input_tokens, requested=requested)
         return cls(provider=provider, model=model, input_tokens=input_tokens, output_tokens=output_tokens,
-                   usd_cost=cost_usd(model, input_tokens=input_tokens, output_tokens=output_tokens), calls=calls)
+                   usd_cost=cost, calls=calls)
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):

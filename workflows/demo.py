@@ -5,10 +5,13 @@ version that already has an invocation gets no other."""
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from workflows.models import Workflow, WorkflowInvocation
 from workflows.services import invocation_start, workflow_create, workflow_version_create
 
-MODEL = "gpt-4.1-mini"  # answered by the offline model when no OPENAI_API_KEY is set
+# the demo's nodes name this model (LLM_DEFAULT_MODEL: answered by the offline model when no key is set)
+MODEL = "{model}"
 
 RESEARCH = {
     "entryNodeId": "scope",
@@ -61,11 +64,18 @@ DEMOS = [
 ]
 
 
+def with_model(dsl: dict, model: str) -> dict:
+    """`dsl` with the model placeholder of its nodes replaced by `model`."""
+    return {**dsl, "nodes": [{**node, "modelName": model} if node.get("modelName") == MODEL else node
+                             for node in dsl["nodes"]]}
+
+
 def seed(stdout) -> None:
     from knowledge.demo import demo_workspace
 
     workspace = demo_workspace()
-    for name, description, dsl, example in DEMOS:
+    for name, description, template, example in DEMOS:
+        dsl = with_model(template, settings.LLM_DEFAULT_MODEL)
         workflow = Workflow.objects.filter(workspace=workspace, name=name).first() or workflow_create(
             workspace=workspace, name=name, description=description)
         version, created = workflow_version_create(workflow=workflow, dsl=dsl, commit_message="demo seed")

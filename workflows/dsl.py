@@ -7,10 +7,12 @@ The format is a superset of the seed system's exported workflows, which import u
 fresh install lacks are not errors here: they are listed as unresolved, and an invocation of such
 a version is refused before anything is paid.
 
-``normalize`` turns a document into the stored DSL (aliases resolved, defaults filled in);
+``normalize`` turns a document into the stored DSL (aliases resolved, defaults filled in, the type of
+every field checked: a missing or null field takes its default, any other wrong type is an error);
 ``validate`` raises ``DslError`` naming the node and the field; ``dsl_hash`` is the SHA-256 of the
 canonical form (REFERENCE.md): keys sorted recursively, nodes sorted by id, node `memory` and
-unknown node fields dropped, tool and hand-off lists de-duplicated and sorted.
+unknown node fields dropped, lists de-duplicated, the tool and skill lists (sets to the runner) sorted
+and the hand-off and waitFor lists kept in their order (the runner's order).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ NODE_FIELDS = ("nodeId", "description", "systemPrompt", "gatewayModelId", "mcpTo
 # fields of a node that take part in its identity (everything but `memory`)
 HASHED_NODE_FIELDS = tuple(field for field in NODE_FIELDS if field != "memory")
 LIST_FIELDS = ("mcpTools", "codeTools", "handOffs", "waitFor", "skills")
+# lists whose order means nothing to the runner (the tools offered, the skills named): stored and hashed
+# sorted. The others keep their order in both: sequential hand-offs run in it and the invocation answers
+# from the last node to reach `end`; a join reads its inputs in its waitFor order.
+SET_FIELDS = ("mcpTools", "codeTools", "skills")
 ALIASES = {"modelName": "gatewayModelId", "waitingFor": "waitFor"}
 
 
@@ -77,10 +83,40 @@ def _string_list(value, path: str, errors: _Errors) -> list[str]:
     return seen
 
 
+# what each typed field must be: (the type, the error message); a missing or null field takes its default
+_TEXT = (str, "must be text")
+_OBJECT = (dict, "must be an object")
+NODE_TYPES = {
+    "nodeId": _TEXT, "description": _TEXT, "systemPrompt": _TEXT, "gatewayModelId": _TEXT,
+    "handOffType": (str, f"must be one of {', '.join(HANDOFF_TYPES)}"),
+    "maxSteps": (int, f"must be a whole number from 1 to {MAX_STEPS}"),
+    "requiresApproval": (bool, "must be true or false"), "memory": _OBJECT,
+}
+NODE_DEFAULTS = {"nodeId": None, "description": "", "systemPrompt": "", "gatewayModelId": "",
+                 "handOffType": "sequential", "maxSteps": 5, "requiresApproval": False, "memory": dict}
+WORKFLOW_TYPES = {"entryNodeId": _TEXT, "inputSchema": _OBJECT, "outputSchema": _OBJECT}
+WORKFLOW_DEFAULTS = {"entryNodeId": "", "inputSchema": dict, "outputSchema": dict}
+
+
+def _typed(value, expected: tuple[type, str], default, path: str, errors: _Errors):
+    """`value` when it has the field's type (a bool is not a number), the default when it is missing
+    or null (`dict`: a new object); any other value is an error naming the field (and the default
+    stands in, so every error of the document is found at once)."""
+    kind, message = expected
+    if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        errors.add(path, message)
+        value = None
+    if value is None:
+        return default() if default is dict else default
+    return value
+
+
 def normalize(document) -> dict:
-    """The stored form of a DSL document: aliases resolved, defaults filled in, unknown node fields
-    dropped (a workflow's own top-level extras are kept). Raises DslError on a document that is not
-    a workflow at all (validation of the graph is ``validate``'s)."""
+    """The stored form of a DSL document: aliases resolved, defaults filled in, every field's type
+    checked, unknown node fields dropped (a workflow's own top-level extras are kept), lists de-duplicated
+    and the sets among them (``SET_FIELDS``) sorted. Raises DslError
+    on a document that is not a workflow at all, naming each field of the wrong type (validation of
+    the graph is ``validate``'s)."""
     errors = _Errors()
     if isinstance(document, str | bytes):
         try:
@@ -94,9 +130,12 @@ def normalize(document) -> dict:
         errors.add("nodes", "must be a non-empty list of nodes")
         errors.raise_if_any()
     out = {key: value for key, value in document.items() if key not in ("nodes",)}
-    out["__schema_version"] = document.get("__schema_version", SCHEMA_VERSION)
-    out.setdefault("inputSchema", {})
-    out.setdefault("outputSchema", {})
+    version = document.get("__schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        errors.add("__schema_version", f"must be {SCHEMA_VERSION} (the only version this installation reads)")
+    out["__schema_version"] = SCHEMA_VERSION
+    for field, expected in WORKFLOW_TYPES.items():
+        out[field] = _typed(document.get(field), expected, WORKFLOW_DEFAULTS[field], field, errors)
     normalized = []
     for index, raw in enumerate(nodes):
         if not isinstance(raw, dict):
@@ -113,20 +152,14 @@ def normalize(document) -> dict:
                         node[field] = []
                         continue
                     node[field] = [item for value in lists for item in value]
-                else:
-                    node.setdefault(field, raw[alias])
-        clean = {
-            "nodeId": node.get("nodeId"),
-            "description": node.get("description") or "",
-            "systemPrompt": node.get("systemPrompt") or "",
-            "gatewayModelId": node.get("gatewayModelId") or "",
-            "handOffType": node.get("handOffType") or "sequential",
-            "maxSteps": node.get("maxSteps", 5),
-            "requiresApproval": bool(node.get("requiresApproval", False)),
-            "memory": node.get("memory") or {},
-        }
+                elif node.get(field) is None:
+                    node[field] = raw[alias]
+        clean = {field: _typed(node.get(field), expected, NODE_DEFAULTS[field], f"{path}.{field}", errors)
+                 for field, expected in NODE_TYPES.items()}
         for field in LIST_FIELDS:
             clean[field] = _string_list(node.get(field), f"{path}.{field}", errors)
+            if field in SET_FIELDS:
+                clean[field].sort()
         normalized.append(clean)
     errors.raise_if_any()
     out["nodes"] = normalized
@@ -188,10 +221,6 @@ def validate(dsl: dict, *, known_models: Iterable[str] | None = None) -> None:
             errors.add(f"{path}.gatewayModelId", f"at most {MAX_NAME} characters")
         elif models is not None and model_name(model) not in models:
             errors.add(f"{path}.gatewayModelId", f"unknown model {model!r}")
-        if not isinstance(node["systemPrompt"], str):
-            errors.add(f"{path}.systemPrompt", "must be text")
-        if not isinstance(node["memory"], dict):
-            errors.add(f"{path}.memory", "must be an object")
     errors.raise_if_any()
 
 
@@ -224,13 +253,15 @@ def unresolved_tools(dsl: dict, *, mcp_tools: Iterable[str] = ()) -> list[str]:
 
 
 def canonical(dsl: dict) -> dict:
-    """The form a version is addressed by: nodes sorted by id with their hashed fields only, tool and
-    hand-off lists de-duplicated and sorted, keys sorted recursively (by the serialisation)."""
+    """The form a version is addressed by: nodes sorted by id with their hashed fields only, every
+    list de-duplicated, the sets among them (``SET_FIELDS``) sorted and the others in their order,
+    keys sorted recursively (by the serialisation)."""
     nodes = []
     for node in dsl["nodes"]:
         item = {field: node.get(field) for field in HASHED_NODE_FIELDS}
         for field in LIST_FIELDS:
-            item[field] = sorted(set(node.get(field) or []))
+            values = dict.fromkeys(node.get(field) or [])
+            item[field] = sorted(values) if field in SET_FIELDS else list(values)
         nodes.append(item)
     out = {key: value for key, value in dsl.items() if key != "nodes"}
     out["nodes"] = sorted(nodes, key=lambda node: node["nodeId"])

@@ -32,7 +32,7 @@ from decimal import Decimal
 
 from durable import workflow
 from durable.engine import Child, StepFailed
-from llm.chat import ChatResponse
+from llm.chat import ChatResponse, structured_output_format
 from workflows import execution
 from workflows.conf import workflow_settings
 from workflows.dsl import END
@@ -266,9 +266,15 @@ class NodeRun:
                 messages.append({"role": "user", "content": f"Output of {message['from']}:\n{message['text']}"})
         messages.append({"role": "user", "content": task})
         new, offset, output = list(messages), len(inbox), ""
+        # a node whose answer can end the invocation answers in the workflow's output schema
+        finishes = not node["handOffs"] or END in node["handOffs"]
+        output_format = structured_output_format(node["gatewayModelId"], self.plan["dsl"].get("outputSchema")) \
+            if finishes else None
         for round_ in range(node["maxSteps"]):
             offered = specs if round_ < node["maxSteps"] - 1 else []
             request = {"model": node["gatewayModelId"], "messages": messages, "tools": offered, "temperature": 0.0}
+            if output_format:
+                request["response_format"] = output_format
             response, offset = self._call(f"node:{seq}:llm:{round_}", seq, started["id"], offset, new, request)
             new = []
             messages.append(response.assistant_message())

@@ -15,7 +15,9 @@ and the invocation's messages sort in node order.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import re
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -383,7 +385,12 @@ def context_store(invocation_id: int, node_invocation_id: int | None, *, key: st
                   content_type: str = "text/plain", metadata: dict | None = None,
                   scope: str = ContextEntry.Scope.NODE) -> ContextEntry:
     """Keep a large value in Django storage with its summary (its beginning, `summary_chars`
-    characters) and metadata in the row. Idempotent on (invocation, scope, key)."""
+    characters) and metadata in the row. Idempotent on (invocation, scope, key).
+
+    The blob is written first, under a name derived from (invocation, scope, key) only, then its row:
+    a worker that dies in between leaves a file the redo of its step overwrites, never an orphan, and
+    a row always finds its file. Two executions of one step at once write the same name; the row
+    written first stands, and neither deletes the file the other's row names."""
     from django.core.files.base import ContentFile
 
     existing = ContextEntry.objects.filter(workflow_invocation_id=invocation_id, scope=scope, key=key).first()
@@ -395,17 +402,29 @@ def context_store(invocation_id: int, node_invocation_id: int | None, *, key: st
                          key=key, summary=data[:conf.summary_chars], size=len(raw), content_type=content_type,
                          metadata={**(metadata or {}), "created": now().isoformat(), "size": len(raw),
                                    "contentType": content_type, "key": key, "scope": scope})
-    entry.data.save(f"{key}.txt", ContentFile(raw), save=False)
+    name = entry.data.field.generate_filename(entry, context_file_name(scope, key))
+    if entry.data.storage.exists(name):  # left by an execution of this step that died before its row
+        entry.data.storage.delete(name)
+    entry.data.save(name.rsplit("/", 1)[-1], ContentFile(raw), save=False)
     try:
         with transaction.atomic():
             entry.save()
     except Exception:
-        entry.data.delete(save=False)
         existing = ContextEntry.objects.filter(workflow_invocation_id=invocation_id, scope=scope, key=key).first()
+        if existing is None or existing.data.name != entry.data.name:
+            entry.data.delete(save=False)
         if existing is None:
             raise
         return existing
     return entry
+
+
+def context_file_name(scope: str, key: str) -> str:
+    """The blob's file name inside its invocation's folder: the key as storage would clean it (readable),
+    and a digest of the exact (scope, key), so two keys that clean alike never share a file."""
+    digest = hashlib.sha256(f"{scope}\n{key}".encode()).hexdigest()[:16]
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", key)[:80].strip("._") or "entry"
+    return f"{scope}-{readable}-{digest}.txt"
 
 
 def invocations_reconcile(*, limit: int = 500) -> int:

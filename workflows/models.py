@@ -9,6 +9,7 @@ never stored or evaluated twice.
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from config.crypto import EncryptedTextField
 from durable.models import DurableRun
@@ -95,6 +96,45 @@ class WorkflowVersion(models.Model):
             if fields is None or not set(fields) <= self.MUTABLE_FIELDS:
                 raise ValueError("A workflow version is immutable: only its status and scores can change "
                                  "(save with update_fields).")
+        super().save(*args, **kwargs)
+
+
+class VersionActivation(models.Model):
+    """One activation of a workflow version: the workflow's activation history, append-only, written
+    with the status change it records (``workflows.services``). The latest row of a workflow is the
+    activation in effect, its version the active one; `parent` is the activation in effect before it.
+    A rollback re-activates the version of the current row's parent and takes that parent's own parent,
+    so rollbacks walk back one activation at a time, and nothing written later on a version (its
+    scores) moves the history."""
+
+    class Kind(models.TextChoices):
+        ACTIVATE = "activate", "Activation"
+        ROLLBACK = "rollback", "Rollback"
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="activations")
+    workflow_version = models.ForeignKey(WorkflowVersion, on_delete=models.CASCADE, related_name="activations")
+    # the version it replaced (none for a workflow's first activation)
+    previous_version = models.ForeignKey(WorkflowVersion, null=True, blank=True, on_delete=models.SET_NULL,
+                                         related_name="+")
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.ACTIVATE)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            # the activation in effect (a workflow's latest row) and its history, newest first
+            models.Index(fields=["workflow", "-id"], name="workflows_activation_wf_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.workflow_version_id}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None and not self._state.adding:
+            raise ValueError("An activation is history: it is never rewritten.")
         super().save(*args, **kwargs)
 
 

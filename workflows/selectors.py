@@ -6,10 +6,23 @@ import difflib
 import json
 
 from workflows import dsl as dsl_module
-from workflows.models import WorkflowVersion
+from workflows.models import VersionActivation, WorkflowVersion
 
 NODE_FIELDS_COMPARED = ("description", "gatewayModelId", "mcpTools", "codeTools", "handOffs", "handOffType",
                         "waitFor", "skills", "maxSteps", "requiresApproval")
+
+
+def activation_current(*, workflow_id: int) -> VersionActivation | None:
+    """The activation in effect for a workflow (its latest; its version is the active one), with its
+    parent: the activation a rollback returns to."""
+    return VersionActivation.objects.filter(workflow_id=workflow_id).select_related(
+        "parent__workflow_version").order_by("-id").first()
+
+
+def rollback_target(*, workflow_id: int) -> WorkflowVersion | None:
+    """The version a rollback would re-activate: the one active before the current activation."""
+    current = activation_current(workflow_id=workflow_id)
+    return current.parent.workflow_version if current is not None and current.parent is not None else None
 
 
 def _pretty(dsl: dict) -> list[str]:
@@ -32,9 +45,7 @@ def version_diff(old: WorkflowVersion, new: WorkflowVersion) -> dict:
             nodes[node_id] = {"change": "removed"}
             continue
         a, b = before[node_id], after[node_id]
-        fields = [field for field in NODE_FIELDS_COMPARED
-                  if (sorted(a[field]) if isinstance(a[field], list) else a[field])
-                  != (sorted(b[field]) if isinstance(b[field], list) else b[field])]
+        fields = [field for field in NODE_FIELDS_COMPARED if _compared(field, a[field]) != _compared(field, b[field])]
         prompt = list(difflib.unified_diff(a["systemPrompt"].splitlines(), b["systemPrompt"].splitlines(),
                                            fromfile=f"{node_id} (old)", tofile=f"{node_id} (new)", lineterm=""))
         if prompt:
@@ -44,6 +55,11 @@ def version_diff(old: WorkflowVersion, new: WorkflowVersion) -> dict:
         nodes.setdefault("__entry__", {"change": "changed", "fields": ["entryNodeId"], "prompt_diff": []})
     return {"from": old.dsl_hash, "to": new.dsl_hash, "same": old.dsl_hash == new.dsl_hash,
             "dsl_diff": dsl_diff, "nodes": nodes}
+
+
+def _compared(field: str, value):
+    """A node field as the version's identity sees it: a set's order means nothing, a hand-off list's does."""
+    return sorted(value) if field in dsl_module.SET_FIELDS and isinstance(value, list) else value
 
 
 def version_lookup(ref: str) -> WorkflowVersion:

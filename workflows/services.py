@@ -8,7 +8,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from workflows import dsl as dsl_module
-from workflows.models import NodeVersion, Workflow, WorkflowVersion
+from workflows import selectors
+from workflows.models import NodeVersion, VersionActivation, Workflow, WorkflowVersion
 from workspaces.models import Workspace
 
 
@@ -69,19 +70,48 @@ def _node_versions(version: WorkflowVersion, parsed: dict) -> list[NodeVersion]:
     ]
 
 
-def workflow_version_activate(*, version: WorkflowVersion) -> WorkflowVersion:
-    """Make `version` its workflow's active version, archiving the one active before. Concurrent
-    activations of one workflow are serialised on the workflow's row; the partial unique constraint
-    guarantees at most one active version whatever happens."""
+def workflow_version_activate(*, version: WorkflowVersion, user=None) -> WorkflowVersion:
+    """Make `version` its workflow's active version, archiving the one active before, and record the
+    activation in the workflow's history (``VersionActivation``) in the same transaction; the version
+    already active changes and records nothing. Concurrent activations of one workflow are serialised
+    on the workflow's row; the partial unique constraint guarantees at most one active version
+    whatever happens."""
     with transaction.atomic():
         Workflow.objects.select_for_update().get(pk=version.workflow_id)
-        # updated_at says when a version was archived: rollback goes back to the one archived last
-        changed = timezone.now()
-        WorkflowVersion.objects.filter(workflow_id=version.workflow_id, status=WorkflowVersion.Status.ACTIVE) \
-            .exclude(pk=version.pk).update(status=WorkflowVersion.Status.ARCHIVED, updated_at=changed)
-        WorkflowVersion.objects.filter(pk=version.pk).update(status=WorkflowVersion.Status.ACTIVE, updated_at=changed)
+        current = selectors.activation_current(workflow_id=version.workflow_id)
+        _switch(version=version, kind=VersionActivation.Kind.ACTIVATE, parent=current, user=user)
     version.refresh_from_db(fields=["status"])
     return version
+
+
+def workflow_version_rollback(*, workflow: Workflow, user=None) -> VersionActivation | None:
+    """Re-activate the version that was active before the current one, by the activation history (a
+    second rollback goes back one more activation). Returns the rollback's activation, or None (and
+    nothing changes) when there is no earlier activation. Serialised with activations on the
+    workflow's row."""
+    with transaction.atomic():
+        Workflow.objects.select_for_update().get(pk=workflow.pk)
+        current = selectors.activation_current(workflow_id=workflow.pk)
+        if current is None or current.parent is None:
+            return None
+        target = current.parent
+        return _switch(version=target.workflow_version, kind=VersionActivation.Kind.ROLLBACK, parent=target.parent,
+                       user=user)
+
+
+def _switch(*, version: WorkflowVersion, kind: str, parent: VersionActivation | None,
+            user) -> VersionActivation | None:
+    """The status change and its history row; the caller holds the workflow's row lock."""
+    active = WorkflowVersion.objects.filter(workflow_id=version.workflow_id, status=WorkflowVersion.Status.ACTIVE) \
+        .values_list("pk", flat=True).first()
+    if active == version.pk:
+        return None
+    changed = timezone.now()
+    WorkflowVersion.objects.filter(pk=active).update(status=WorkflowVersion.Status.ARCHIVED, updated_at=changed)
+    WorkflowVersion.objects.filter(pk=version.pk).update(status=WorkflowVersion.Status.ACTIVE, updated_at=changed)
+    return VersionActivation.objects.create(
+        workflow_id=version.workflow_id, workflow_version=version, previous_version_id=active, parent=parent,
+        kind=kind, created_by=user if getattr(user, "pk", None) else None, created_at=changed)
 
 
 # --------------------------------------------------------------------------------------- invocations
@@ -102,8 +132,10 @@ class InvalidInvocationState(ValueError):
 
 def version_problems(version: WorkflowVersion) -> dict[str, list[str]]:
     """What stops `version` from running on this installation now: each tool it names that no
-    built-in or registered MCP server provides, and each model no configured provider serves."""
+    built-in or registered MCP server provides, each model no configured provider serves, and each
+    model with no known price (every run has a USD budget, which such a model would never count against)."""
     from llm.chat import model_problem
+    from llm.prices import price_problem
     from workflows.mcp_services import mcp_available_tools
 
     needs_mcp = any(node["mcpTools"] for node in version.dsl["nodes"])
@@ -115,7 +147,8 @@ def version_problems(version: WorkflowVersion) -> dict[str, list[str]]:
                              for name in missing]
     models = []
     for node in version.dsl["nodes"]:
-        problem = model_problem(node["gatewayModelId"])
+        # every run has a USD budget: a model with no price would never count against it
+        problem = model_problem(node["gatewayModelId"]) or price_problem(node["gatewayModelId"])
         if problem:
             models.append(f"{node['nodeId']}.{node['gatewayModelId']}: {problem}")
     if models:

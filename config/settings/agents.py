@@ -2,6 +2,7 @@
 evals/conf.py and workflows/mcp.py document each)."""
 
 from config.env import env_float, env_int, env_list, env_str
+from config.settings.llm import LLM_DEFAULT_MODEL
 
 WORKFLOW_NODE_BUDGET = env_int("WORKFLOW_NODE_BUDGET", 14, minimum=1, maximum=1000)
 WORKFLOW_USD_BUDGET = env_float("WORKFLOW_USD_BUDGET", 1.0, minimum=0.000001)
@@ -12,7 +13,9 @@ WORKFLOW_MAX_TOOL_CALLS = env_int("WORKFLOW_MAX_TOOL_CALLS", 16, minimum=1, maxi
 MCP_ALLOWED_NETWORKS = env_list("MCP_ALLOWED_NETWORKS", [])
 
 EVAL_CONCURRENCY = env_int("EVAL_CONCURRENCY", 4, minimum=1, maximum=64)
-EVAL_JUDGE_MODEL = env_str("EVAL_JUDGE_MODEL", "gpt-4.1-mini")
+# the LLM judge's model, and the model the evals' rewriter asks for a better prompt ("": the node's own model)
+EVAL_JUDGE_MODEL = env_str("EVAL_JUDGE_MODEL", LLM_DEFAULT_MODEL)
+EVAL_REWRITER_MODEL = env_str("EVAL_REWRITER_MODEL", "")
 EVAL_ALPHA = env_float("EVAL_ALPHA", 0.05, minimum=0.0001)
 EVAL_CRITICAL_TOLERANCE = env_float("EVAL_CRITICAL_TOLERANCE", 0.1, minimum=0.0)
 EVAL_BOOTSTRAP_RESAMPLES = env_int("EVAL_BOOTSTRAP_RESAMPLES", 10_000, minimum=100, maximum=1_000_000)

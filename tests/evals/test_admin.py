@@ -600,7 +600,7 @@ def test_compare_page_shows_items_side_by_side_the_chart_the_statistics_and_the_
     assert change_url("evalrun", evaluated["base_run"].pk) in html
     assert change_url("evalrun", evaluated["better_run"].pk) in html
     assert 'id="ev-promote"' in html and "Needs b significantly better than a, the active version" in html
-    assert 'id="ev-rollback"' not in html and "No archived version to roll back to." in html
+    assert 'id="ev-rollback"' not in html and "No earlier active version to roll back to." in html
 
 
 def test_compare_page_defaults_to_the_active_version_and_checks_its_choices(staff_client, evaluated, workspace):
@@ -667,10 +667,10 @@ def test_a_refused_promotion_shows_the_refusal_and_its_evidence_and_changes_noth
     assert active == "Not promoted: workflow_version: is already the active version"
 
 
-def test_rollback_without_an_archived_version_is_refused(staff_client, evaluated):
+def test_rollback_without_an_earlier_active_version_is_refused(staff_client, evaluated):
     golden_set, base, better = evaluated["set"], evaluated["base"], evaluated["better"]
     response = staff_client.post(set_url(golden_set, "rollback"), {"version": better.pk, "a": base.pk, "b": better.pk})
-    assert messages_of(response)[-1] == "Not rolled back: workflow: has no archived version to roll back to"
+    assert messages_of(response)[-1] == "Not rolled back: workflow: has no earlier active version to roll back to"
     assert WorkflowVersion.objects.get(pk=base.pk).status == "active"
 
 

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from jsonschema import Draft202012Validator
 
 from evals import agents
-from evals.agents import MODEL_TIERS, load_agents, seed_agents
+from evals.agents import load_agents, model_tiers, seed_agents
 from evals.graders import validate_graders
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
 from llm.chat import model_problem
@@ -83,11 +83,11 @@ def test_the_files_describe_the_seven_canonical_agents():
         parsed = dsl_module.parse(spec.dsl)
         assert dsl_module.unresolved_tools(parsed) == [], spec.name
         for node in parsed["nodes"]:
-            assert node["gatewayModelId"] in MODEL_TIERS.values() and model_problem(node["gatewayModelId"]) is None
+            assert node["gatewayModelId"] in model_tiers().values() and model_problem(node["gatewayModelId"]) is None
             assert node["description"], f"{spec.name}.{node['nodeId']} needs a description"
             assert set(node["skills"]) <= {path.parent.name for path in _skill_pack()}, node["skills"]
         entry = next(node for node in parsed["nodes"] if node["nodeId"] == parsed["entryNodeId"])
-        assert entry["gatewayModelId"] == MODEL_TIERS[tier]
+        assert entry["gatewayModelId"] == model_tiers()[tier]
         schema = spec.output_schema
         Draft202012Validator.check_schema(schema)
         assert schema["type"] == "object" and schema["required"], spec.name
@@ -325,3 +325,17 @@ def test_each_base_leaves_room_and_a_variant_with_offline_directives_scores_high
         for name, (before, after) in scores.items():
             print(f"  {name:22} {before:.3f} -> {after:.3f}")
     assert not problems, problems
+
+
+def test_the_tiers_models_come_from_the_settings(settings):
+    """LLM_MODEL_TIERS names each tier's model; a tier it leaves out is LLM_DEFAULT_MODEL."""
+    settings.LLM_DEFAULT_MODEL = "ollama#llama3.2"
+    settings.LLM_MODEL_TIERS = {"sonnet": "ollama#qwen2.5:14b"}
+    by_name = {spec.name: spec for spec in load_agents()}
+    for spec in by_name.values():
+        models = {node["gatewayModelId"] for node in spec.dsl["nodes"]}
+        assert models <= {"ollama#llama3.2", "ollama#qwen2.5:14b"}, spec.name
+    entry = next(n for n in by_name["Research Analyst"].dsl["nodes"]
+                 if n["nodeId"] == by_name["Research Analyst"].dsl["entryNodeId"])
+    assert entry["gatewayModelId"] == ("ollama#qwen2.5:14b" if by_name["Research Analyst"].tier == "sonnet"
+                                       else "ollama#llama3.2")

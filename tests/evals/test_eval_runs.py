@@ -196,3 +196,28 @@ def test_rollback_goes_to_the_version_archived_last(make_version):
     for version in (second, first, third):  # first is archived last, when third takes over
         workflow_version_activate(version=version)
     assert version_rollback(workflow=first.workflow).workflow_version == first
+
+
+def test_rollback_walks_back_the_activation_history_whatever_was_evaluated_since(support_set, make_version, evaluate,
+                                                                                 owner):
+    """v1, v2, v3 activated in turn, then v1 evaluated (which writes its scores): a rollback returns to
+    v2, the next to v1, and one more has nowhere to go; a promotion after a rollback is what the next
+    rollback undoes."""
+    from tests.workflows.conftest import graph, node
+    from workflows.services import workflow_version_activate, workflow_version_create
+
+    v1 = make_version(graph("a", node("a", prompt="one")), name="history")
+    v2, _ = workflow_version_create(workflow=v1.workflow, dsl=graph("a", node("a", prompt="two")))
+    v3, _ = workflow_version_create(workflow=v1.workflow, dsl=graph("a", node("a", prompt="three")))
+    for version in (v1, v2, v3):
+        workflow_version_activate(version=version)
+    assert evaluate(support_set, v1).status == "completed"
+    first = version_rollback(workflow=v1.workflow, user=owner)
+    assert (first.workflow_version, first.previous_version) == (v2, v3)
+    second = version_rollback(workflow=v1.workflow, user=owner)
+    assert (second.workflow_version, second.previous_version) == (v1, v2)
+    with pytest.raises(EvalError, match="no earlier active version"):
+        version_rollback(workflow=v1.workflow)
+    assert WorkflowVersion.objects.get(status="active") == v1
+    workflow_version_activate(version=v3)
+    assert version_rollback(workflow=v1.workflow).workflow_version == v1

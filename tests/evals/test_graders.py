@@ -20,7 +20,7 @@ from evals.graders import (
     graders_hash,
     validate_graders,
 )
-from llm import chat as chat_module
+from llm import retry
 from tests.guards import finishes_within
 from tests.llm.conftest import FakeOpenAIChat
 
@@ -52,7 +52,7 @@ def judge_server(settings, monkeypatch):
         settings.OPENAI_BASE_URL = server.url("/v1")
         settings.LLM_MAX_RETRIES = 0
         settings.EVAL_JUDGE_MODEL = "gpt-4.1-mini"
-        monkeypatch.setattr(chat_module, "_sleep", lambda seconds: None)
+        monkeypatch.setattr(retry, "_sleep", lambda seconds: None)
         yield server
 
 
@@ -118,7 +118,7 @@ def test_graders_hash_is_the_same_for_equivalent_configs_and_differs_otherwise()
     ([{"kind": "numeric", "percent": "yes"}], "graders[0].percent", "true or false"),
     ([{"kind": "json_schema", "schema": {"type": "nope"}}], "graders[0].schema", "Draft 2020-12"),
     ([{"kind": "json_schema", "schema": "object"}], "graders[0].schema", "schema object"),
-    ([{"kind": "llm_judge", "model": "nosuch#gpt-4o"}], "graders[0].model", "not configured"),
+    ([{"kind": "llm_judge", "model": "#gpt-4o"}], "graders[0].model", "empty provider prefix"),
 ])
 def test_configuration_errors_name_the_entry_and_the_option(config, key, words):
     with pytest.raises(GraderConfigError) as caught:

@@ -102,3 +102,20 @@ def test_a_real_model_rewrites_through_the_openai_client(facts, support_set, sup
     sent = json.loads(request["messages"][1]["content"])
     assert len(sent["failures"]) == 5 and all(len(f["expected"]) <= 500 for f in sent["failures"])
     assert low.skipped.startswith("confidence 0.10 is below 0.3") and low.version is None
+
+
+def test_the_rewriter_model_setting_names_who_rewrites(facts, support_set, support_versions, evaluate, settings):
+    """EVAL_REWRITER_MODEL: a real model rewrites the prompts of a node whose own model is another."""
+    from tests.llm.conftest import FakeOpenAIChat
+
+    base, _ = support_versions
+    run = evaluate(support_set, base)  # offline
+    with FakeOpenAIChat() as server:
+        settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+        settings.OPENAI_BASE_URL, settings.LLM_MAX_RETRIES = server.url("/v1"), 0
+        settings.EVAL_REWRITER_MODEL = "gpt-4.1"
+        server.chat_replies = [{"content": json.dumps({
+            "failure_analysis": "no lookup", "changelog": ["search first"],
+            "improved_prompt": "Search the knowledge base first, then answer.", "confidence": 0.9})}]
+        proposal = propose(eval_run=run)
+    assert proposal.rewriter == "gpt-4.1" and server.chat_payloads[0]["model"] == "gpt-4.1"

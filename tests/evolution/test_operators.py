@@ -495,3 +495,11 @@ def test_repair_keeps_a_valid_dsl_as_it_is():
 ])
 def test_repair_gives_up_on_hopeless_input(hopeless):
     assert repair(hopeless) is None
+
+
+def test_the_model_pool_is_the_evolution_models_setting(settings):
+    """An operator on Ollama sets EVOLUTION_MODELS; the model mutation draws from it, not from OpenAI names."""
+    settings.EVOLUTION_MODELS = ["ollama#llama3.2", "ollama#qwen2.5:14b", MODEL]
+    models = {nodes_of(mutate(SINGLE, random.Random(seed), kind="model").dsl)["answer"]["gatewayModelId"]
+              for seed in range(20)}
+    assert models == {"ollama#llama3.2", "ollama#qwen2.5:14b"}

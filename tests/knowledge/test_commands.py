@@ -88,3 +88,38 @@ def test_ingest_command_bulk_mode_rebuilds_the_indexes(tmp_path):
     assert "built knowledge_chunk_search_gin" in out.getvalue() and _chunk_indexes() == before
     with pytest.raises(CommandError, match="background"):
         call_command("ingest", str(tmp_path), "--workspace", "bulk", "--bulk", "--background")
+
+
+def test_vectors_of_another_width_are_refused_at_start_naming_the_reembed_command(settings):
+    from knowledge.checks import embedding_width_check
+
+    assert embedding_width_check(databases=["default"]) == []
+    settings.EMBEDDING_DIMENSIONS = 128  # the operator changed the model's width; the column has the old one
+    (error,) = embedding_width_check(databases=["default"])
+    assert error.id == "knowledge.E001" and "EMBEDDING_DIMENSIONS is 128" in error.msg
+    assert "manage.py knowledge reembed" in error.hint
+    assert embedding_width_check(databases=None) == []  # only where the database checks run (migrate)
+
+
+def test_reembed_moves_the_vectors_to_the_new_width_and_restarts_each_stale_source(workspace, settings):
+    """A change of embedding width: the column takes the new width and every indexed source, now
+    stale, gets a durable re-embed run. (No chunk rows here: pgvector's distance code, which the HNSW
+    index runs on every insert, needs CPU instructions some machines lack.)"""
+    from knowledge.selectors import embedding_column_width
+    from tests.factories import KnowledgeSourceFactory
+
+    width = embedding_column_width()
+    assert width == settings.EMBEDDING_DIMENSIONS
+    fresh = KnowledgeSourceFactory(workspace=workspace, chunk_count=3)
+    KnowledgeSourceFactory(workspace=workspace, chunk_count=0)  # nothing to re-embed: ingest it instead
+    settings.EMBEDDING_DIMENSIONS = 128
+    out = StringIO()
+    call_command("knowledge", "reembed", "--background", stdout=out)
+    assert embedding_column_width() == 128
+    assert f"moved from {width} to 128 dimensions" in out.getvalue() and "acme: 1 source(s)" in out.getvalue()
+    fresh.refresh_from_db()
+    assert fresh.ingest_status == "processing" and fresh.ingest_run.workflow == "knowledge.ingest_source"
+    assert "reembed" in fresh.ingest_run.tags
+    assert fresh.embedding_model == f"{settings.EMBEDDING_MODEL}@{width}"  # stale until its run finishes
+    with pytest.raises(CommandError, match="No workspace with the slug 'nope'"):
+        call_command("knowledge", "reembed", "--workspace", "nope")

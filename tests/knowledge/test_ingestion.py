@@ -2,13 +2,14 @@
 
 import numpy as np
 import pytest
+from django.conf import settings as django_settings
 from django.core.files.base import ContentFile
 
 from durable.codec import decode
 from durable.models import DurableRun, StepCheckpoint
 from knowledge import ingestion, services
 from knowledge.models import KnowledgeChunk, KnowledgeChunkStage, KnowledgeSource
-from llm.embeddings import OfflineEmbeddingProvider, TransientEmbeddingError
+from llm.embeddings import OfflineEmbeddingProvider, TransientEmbeddingError, WordLlamaEmbeddingProvider
 from tests.knowledge.fixtures import HTML_PAGE, make_docx, make_pdf
 from tests.knowledge.servers import LocalServer
 
@@ -34,8 +35,9 @@ def test_text_source_is_chunked_embedded_and_indexed(workspace, ingest):
     assert [c.ordinal for c in chunks] == list(range(len(chunks)))
     assert all(len(c.content) <= 300 and c.workspace_id == workspace.pk for c in chunks)
     assert source.token_count == sum(c.token_count for c in chunks)
-    assert source.embedding_model == "offline-hash-v2" and source.embedding_tokens > 0
-    expected = OfflineEmbeddingProvider(dimensions=384).embed_query(chunks[3].content)
+    # the default offline model is the local wordllama one
+    assert source.embedding_model == "wordllama-l2-supercat" and source.embedding_tokens > 0
+    expected = WordLlamaEmbeddingProvider(dimensions=256).embed_query(chunks[3].content)
     assert np.allclose(np.asarray(chunks[3].embedding), expected, atol=1e-6)
     assert not KnowledgeChunkStage.objects.exists()  # the stage is emptied by the swap
     assert run.namespace == workspace.namespace
@@ -152,7 +154,7 @@ class FlakyProvider(OfflineEmbeddingProvider):
     """Fails the first `failures` calls on texts containing `poison`."""
 
     def __init__(self, poison: str, failures: int):
-        super().__init__(dimensions=384)
+        super().__init__(dimensions=django_settings.EMBEDDING_DIMENSIONS)
         self.poison, self.failures, self.calls = poison, failures, []
 
     def _embed(self, texts):

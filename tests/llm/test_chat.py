@@ -9,6 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from config.settings.llm import _providers
 from llm import chat as chat_module
+from llm import retry
 from llm.chat import (
     ChatError,
     ChatProvider,
@@ -22,7 +23,9 @@ from llm.chat import (
     chat,
     model_problem,
     resolve_model,
+    structured_output_format,
 )
+from llm.providers import ProviderLimits, provider_config, provider_limits
 from llm.usage import Usage, usage_meter
 
 OFFLINE = ResolvedModel("offline", "offline-directive-v1", None, "")
@@ -59,14 +62,23 @@ def test_offline_mode_answers_every_bare_or_configured_model_offline(offline_mod
         assert model_problem(name) is None
 
 
-def test_an_unconfigured_prefix_is_an_unknown_model_in_both_modes(offline_mode, monkeypatch):
-    expected = 'provider "acme" is not configured (LLM_PROVIDERS'
-    assert expected in model_problem("acme#big-model")
-    with pytest.raises(UnknownModel, match="'acme#big-model'"):
-        resolve_model("acme#big-model")
+def test_offline_mode_answers_a_prefix_no_provider_serves_offline(offline_mode):
+    """The seed system's exported workflows name "openrouter#..." models: in the demo (no key, no provider
+    configured) they run on the offline model, labelled as such, instead of being refused."""
+    offline_mode.LLM_PROVIDERS = {}
+    for name in ("openrouter#openai/gpt-4.1-mini", "acme#big-model", "anthropic#claude-sonnet-4"):
+        assert model_problem(name) is None, name
+        assert resolve_model(name) == OFFLINE
+    response, _ = chat(ChatRequest(model="openrouter#openai/gpt-4.1-mini", messages=MESSAGES))
+    assert (response.usage.provider, response.usage.model) == ("offline", "offline-directive-v1")
+
+
+def test_an_unconfigured_prefix_is_an_unknown_model_online(offline_mode):
     offline_mode.LLM_PROVIDER = "openai"
     offline_mode.OPENAI_API_KEY = "sk-openai"
-    assert expected in model_problem("acme#big-model")
+    assert 'provider "acme" is not configured (LLM_PROVIDERS' in model_problem("acme#big-model")
+    with pytest.raises(UnknownModel, match="'acme#big-model'"):
+        resolve_model("acme#big-model")
 
 
 def test_online_mode_maps_prefixes_to_providers(online_mode):
@@ -98,17 +110,35 @@ def test_malformed_model_names():
 def test_provider_settings_are_validated():
     assert _providers("") == {}
     assert _providers('{"local": {"base_url": "http://127.0.0.1:8000/v1"}}') == {
-        "local": {"base_url": "http://127.0.0.1:8000/v1", "api_key_env": None}}
+        "local": {"base_url": "http://127.0.0.1:8000/v1", "api_key_env": None, "structured_outputs": False,
+                  "max_concurrency": None, "requests_per_minute": None, "models": {}}}
     for raw, message in [
         ("[1]", "must be a JSON object"), ("{", "not valid JSON"),
         ('{"offline": {"base_url": "http://x"}}', "cannot be replaced"),
         ('{"local": {"base_url": "ftp://x"}}', "http\\(s\\) URL"),
         ('{"local": {}}', "base_url is required"),
-        ('{"local": {"base_url": "http://x", "key": "sk"}}', "base_url and api_key_env only"),
+        ('{"local": {"base_url": "http://x", "key": "sk"}}', "only \\(key\\)"),
         ('{"Local Server": {"base_url": "http://x"}}', "lower-case"),
+        ('{"local": {"base_url": "http://x", "max_concurrency": 0}}', "max_concurrency must be a whole number"),
+        ('{"local": {"base_url": "http://x", "requests_per_minute": "60"}}', "requests_per_minute must be"),
+        ('{"local": {"base_url": "http://x", "structured_outputs": "yes"}}', "structured_outputs must be true"),
+        ('{"local": {"base_url": "http://x", "models": {"m": {"rpm": 1}}}}', "\\['models'\\]\\['m'\\]"),
     ]:
         with pytest.raises(ImproperlyConfigured, match=message):
             _providers(raw)
+
+
+def test_provider_limits_per_provider_and_per_model(settings):
+    settings.LLM_PROVIDERS = _providers(json.dumps({"ollama": {
+        "base_url": "http://127.0.0.1:11434/v1", "structured_outputs": True, "max_concurrency": 4,
+        "requests_per_minute": 600, "models": {"qwen2.5:14b": {"max_concurrency": 1}}}}))
+    ollama = provider_config("ollama")
+    assert ollama.structured_outputs and ollama.url() == "http://127.0.0.1:11434/v1" and ollama.api_key() == ""
+    assert provider_limits("ollama", "llama3.2") == ProviderLimits(max_concurrency=4, requests_per_minute=600)
+    # a model's own limit wins, the provider's fills in the rest
+    assert provider_limits("ollama", "qwen2.5:14b") == ProviderLimits(max_concurrency=1, requests_per_minute=600)
+    assert provider_limits("openai", "gpt-4.1-mini") == ProviderLimits()
+    assert provider_config("openai").structured_outputs and not provider_config("offline").structured_outputs
 
 
 # ---------------------------------------------------------------------------------------- shapes
@@ -194,7 +224,7 @@ def test_a_request_at_a_higher_temperature_skips_the_cache(offline_mode):
     assert cache.gets == 0 and cache.rows == {} and meter.total.calls == 2
 
 
-def test_an_unknown_model_fails_before_the_cache(offline_mode):
+def test_an_unknown_model_fails_before_the_cache(online_mode):
     cache = MemoryCache()
     with pytest.raises(UnknownModel):
         chat(ChatRequest(model="acme#x", messages=MESSAGES), cache=cache)
@@ -226,7 +256,7 @@ def scripted(settings, monkeypatch):
     settings.LLM_RETRY_BACKOFF_SECONDS = 1.0
     settings.LLM_RETRY_BACKOFF_CAP_SECONDS = 3.0
     sleeps: list[float] = []
-    monkeypatch.setattr(chat_module, "_sleep", sleeps.append)
+    monkeypatch.setattr(retry, "_sleep", sleeps.append)
 
     def install(*outcomes):
         provider = ScriptedProvider(outcomes)
@@ -325,3 +355,12 @@ def test_cleaning_keeps_surrogate_pairs_and_clean_text_as_it_is():
     assert clean_text("\udc00\ud800x\x00") == "\ufffd\ufffdx"
     response = ChatResponse(content="Zürich 🏔", tool_calls=(ToolCall("c", "t", {"a": [1, None, True]}, "{}"),))
     assert clean_response(response) == response
+
+
+def test_structured_output_format_follows_the_providers_flag(online_mode):
+    open_schema = {"type": "object", "properties": {"answer": {"type": "string"}}}
+    assert structured_output_format("gpt-4.1-mini", open_schema) == {"type": "json_schema", "json_schema": {
+        "name": "output", "schema": open_schema, "strict": False}}  # strict mode would refuse an open object
+    assert structured_output_format("openrouter#openai/gpt-4.1-mini", open_schema) is None  # flag off by default
+    assert structured_output_format("gpt-4.1-mini", {}) is None
+    assert structured_output_format("offline-directive-v1", open_schema) is None

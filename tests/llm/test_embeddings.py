@@ -5,14 +5,17 @@ from decimal import Decimal
 
 import numpy as np
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 from llm.embeddings import (
     EmbeddingError,
     OfflineEmbeddingProvider,
     OpenAIEmbeddingProvider,
     TransientEmbeddingError,
+    WordLlamaEmbeddingProvider,
     get_embedding_provider,
 )
+from llm.retry import RetryPolicy
 from llm.usage import usage_meter
 from tests.knowledge.servers import FakeOpenAI
 
@@ -54,6 +57,44 @@ def test_default_provider_is_offline_without_a_key(settings):
     provider = get_embedding_provider()
     assert provider.name == "offline"
     assert provider.dimensions == settings.EMBEDDING_DIMENSIONS
+    # the installation's default offline model is the real local one
+    assert isinstance(provider, WordLlamaEmbeddingProvider) and provider.model == "wordllama-l2-supercat"
+
+
+def test_wordllama_is_semantic_where_the_hasher_is_lexical():
+    """Texts about the same thing in other words: the local model puts them together, the hasher cannot."""
+    query, near, far = ("a kitten naps on the rug", "the cat sleeps on a mat", "quarterly stock market results")
+    model = WordLlamaEmbeddingProvider(dimensions=256).embed([query, near, far]).vectors
+    assert model.shape == (3, 256) and model.dtype == np.float32
+    assert np.allclose(np.linalg.norm(model, axis=1), 1.0, atol=1e-5)
+    assert float(model[0] @ model[1]) > float(model[0] @ model[2]) + 0.2
+    hashed = OfflineEmbeddingProvider(dimensions=256).embed([query, near, far]).vectors
+    assert abs(float(hashed[0] @ hashed[1])) < 0.1  # no word in common: nothing to go on
+
+
+def test_wordllama_is_deterministic_truncatable_and_never_zero():
+    first = WordLlamaEmbeddingProvider(dimensions=128).embed(["durable workflows survive crashes", "", "!!!"])
+    again = WordLlamaEmbeddingProvider(dimensions=128).embed(["durable workflows survive crashes"])
+    assert first.vectors.shape == (3, 128) and np.array_equal(first.vectors[0], again.vectors[0])
+    assert np.isfinite(first.vectors).all()
+    assert np.allclose(np.linalg.norm(first.vectors, axis=1), 1.0, atol=1e-5)
+    assert first.usage.usd_cost == Decimal(0) and first.usage.model == "wordllama-l2-supercat"
+    with pytest.raises(ImproperlyConfigured, match="64, 128 or 256"):
+        WordLlamaEmbeddingProvider(dimensions=384)
+
+
+def test_wordllama_loads_with_no_network(monkeypatch):
+    """Its weights and tokenizer ship in the wheel: loading never opens a connection."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the local embedding model tried to reach the network")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    vector = WordLlamaEmbeddingProvider(dimensions=256).embed_query("what is a durable run?")
+    assert vector.shape == (256,)
 
 
 def _provider(server, **kwargs):
@@ -87,14 +128,22 @@ def test_openai_vectors_keep_the_order_of_the_texts(openai_server):
     assert np.allclose(together, alone, atol=1e-6)
 
 
-def test_openai_rate_limit_is_retried_with_retry_after(openai_server):
-    sleeps = []
+@pytest.fixture
+def sleeps(monkeypatch):
+    from llm import retry
+
+    waited: list[float] = []
+    monkeypatch.setattr(retry, "_sleep", waited.append)
+    return waited
+
+
+def test_openai_rate_limit_is_retried_with_retry_after(openai_server, sleeps):
     openai_server.failures = [
         (429, {"Content-Type": "application/json", "Retry-After": "2"},
          '{"error": {"message": "Rate limit reached", "type": "requests"}}'),
         (503, {"Content-Type": "application/json"}, '{"error": {"message": "overloaded"}}'),
     ]
-    provider = _provider(openai_server, sleep=sleeps.append, backoff_base=0.5)
+    provider = _provider(openai_server, retry=RetryPolicy(max_retries=5, backoff_seconds=0.5, cap_seconds=30))
     vectors = provider.embed(["retry me"]).vectors
     assert vectors.shape == (1, 384)
     assert sleeps[0] == 2.0  # the server's Retry-After
@@ -102,20 +151,21 @@ def test_openai_rate_limit_is_retried_with_retry_after(openai_server):
     assert len(openai_server.requests) == 3
 
 
-def test_openai_gives_up_after_max_retries_with_a_transient_error(openai_server):
+def test_openai_gives_up_after_max_retries_with_a_transient_error(openai_server, sleeps):
     openai_server.failures = [(429, {"Content-Type": "application/json"}, '{"error": {"message": "slow down"}}')] * 3
-    provider = _provider(openai_server, sleep=lambda s: None, max_retries=2)
+    provider = _provider(openai_server, retry=RetryPolicy(max_retries=2, backoff_seconds=0, cap_seconds=0))
     with pytest.raises(TransientEmbeddingError, match="after 3 attempts"):
         provider.embed(["x"])
 
 
-def test_openai_bad_request_fails_at_once_with_the_server_message(openai_server):
+def test_openai_bad_request_fails_at_once_with_the_server_message(openai_server, sleeps):
     openai_server.failures = [(400, {"Content-Type": "application/json"},
                                '{"error": {"message": "This model does not exist", "type": "invalid_request"}}')]
-    provider = _provider(openai_server, sleep=lambda s: pytest.fail("must not retry"))
+    provider = _provider(openai_server)
     with pytest.raises(EmbeddingError, match="This model does not exist") as caught:
         provider.embed(["x"])
     assert not isinstance(caught.value, TransientEmbeddingError)
+    assert sleeps == []
 
 
 def test_openai_model_of_another_width_is_a_clear_error():
@@ -129,6 +179,7 @@ def test_openai_model_of_another_width_is_a_clear_error():
 def test_openai_provider_from_settings_uses_the_base_url(settings, openai_server):
     settings.EMBEDDING_PROVIDER = "openai"
     settings.EMBEDDING_MODEL = "text-embedding-3-small"
+    settings.EMBEDDING_DIMENSIONS = 384
     settings.OPENAI_API_KEY = "sk-settings"
     settings.OPENAI_BASE_URL = openai_server.url("/v1")
     provider = get_embedding_provider()
@@ -155,3 +206,37 @@ def test_offline_v1_is_kept_for_stored_vectors_and_differs_from_v2():
     assert not np.allclose(v1, v2)
     assert np.array_equal(v1, OfflineEmbeddingProvider(dimensions=64, model="offline-hash-v1")
                           .embed(["durable workflows"]).vectors)
+
+
+def test_openai_embeddings_follow_the_one_retry_policy(settings, openai_server, sleeps):
+    """Embeddings wait as chat calls do: the server's retry-after-ms, and LLM_MAX_RETRIES retries at most."""
+    settings.EMBEDDING_PROVIDER = "openai"
+    settings.EMBEDDING_MODEL = "text-embedding-3-small"
+    settings.OPENAI_API_KEY = "sk-settings"
+    settings.OPENAI_BASE_URL = openai_server.url("/v1")
+    settings.LLM_MAX_RETRIES = 1
+    openai_server.failures = [(429, {"Content-Type": "application/json", "retry-after-ms": "1500"},
+                               '{"error": {"message": "slow down"}}')] * 3
+    with pytest.raises(TransientEmbeddingError, match="after 2 attempts"):
+        get_embedding_provider().embed(["x"])
+    assert sleeps == [1.5]
+    assert len(openai_server.requests) == 2
+
+
+def test_embeddings_from_any_configured_provider(settings, monkeypatch):
+    """An Ollama (or vLLM, LM Studio) embedding model: EMBEDDING_PROVIDER names an LLM_PROVIDERS entry."""
+    with FakeOpenAI(native_dimensions=768) as server:
+        settings.LLM_PROVIDERS = {"ollama": {"base_url": server.url("/v1"), "api_key_env": None}}
+        settings.EMBEDDING_PROVIDER = "ollama"
+        settings.EMBEDDING_MODEL = "nomic-embed-text"
+        settings.EMBEDDING_DIMENSIONS = 768
+        with usage_meter() as meter:
+            vectors = get_embedding_provider().embed(["alpha", "beta"]).vectors
+        assert vectors.shape == (2, 768)
+        assert server.payloads[0]["model"] == "nomic-embed-text" and "dimensions" not in server.payloads[0]
+        assert meter.total.provider == "ollama"
+        settings.LLM_PROVIDERS = {"router": {"base_url": server.url("/v1"), "api_key_env": "ROUTER_KEY"}}
+        settings.EMBEDDING_PROVIDER = "router"
+        monkeypatch.delenv("ROUTER_KEY", raising=False)
+        with pytest.raises(ImproperlyConfigured, match="set ROUTER_KEY"):
+            get_embedding_provider()

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from llm import chat as chat_module
+from llm import retry
 from llm.chat import ChatError, ChatRequest, ToolSpec, TransientChatError, chat
 from llm.usage import usage_meter
 
@@ -25,7 +25,7 @@ def online(settings, openai_server, monkeypatch):
     settings.LLM_RETRY_BACKOFF_SECONDS = 0.5
     settings.LLM_RETRY_BACKOFF_CAP_SECONDS = 10.0
     sleeps: list[float] = []
-    monkeypatch.setattr(chat_module, "_sleep", sleeps.append)
+    monkeypatch.setattr(retry, "_sleep", sleeps.append)
     openai_server.sleeps = sleeps
     return openai_server
 
@@ -146,3 +146,23 @@ def test_server_without_usage_is_estimated_not_free(online):
     response, _ = chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()))
     assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
     assert response.usage.usd_cost > 0
+
+
+@pytest.mark.parametrize("model", ["o4-mini", "o3", "gpt-5-mini", "openai/gpt-5"])
+def test_a_reasoning_model_gets_max_completion_tokens_and_no_temperature(online, model):
+    online.chat_replies = [{"content": "thought it through"}]
+    response, _ = chat(ChatRequest(model=model, messages=_messages(), max_tokens=300, temperature=0.0))
+    assert response.content == "thought it through"
+    payload = online.chat_payloads[0]
+    assert payload["max_completion_tokens"] == 300
+    assert "max_tokens" not in payload and "temperature" not in payload
+
+
+def test_model_options_setting_adds_to_the_table(online, settings):
+    settings.LLM_MODEL_OPTIONS = {"qwen3*": {"temperature": False, "extra_body": {"reasoning_effort": "low"}},
+                                  "gpt-4.1*": {"token_limit_param": "max_completion_tokens"}}
+    chat(ChatRequest(model="qwen3:8b", messages=_messages(), max_tokens=50))
+    chat(ChatRequest(model="gpt-4.1-mini", messages=_messages(), max_tokens=50))
+    qwen, gpt = online.chat_payloads
+    assert qwen["reasoning_effort"] == "low" and "temperature" not in qwen and qwen["max_tokens"] == 50
+    assert gpt["max_completion_tokens"] == 50 and gpt["temperature"] == 0.0

@@ -25,13 +25,14 @@ from workflows.models import (
     WorkflowInvocation,
     WorkflowVersion,
 )
-from workflows.services import invocation_start, workflow_create, workflow_version_create
+from workflows.services import invocation_start, workflow_create, workflow_version_activate, workflow_version_create
 from workspaces.models import Membership
 
 pytestmark = pytest.mark.django_db
 
 WORKFLOWS = "/api/workflows/"
 VERSIONS = "/api/workflow-versions/"
+ACTIVATIONS = "/api/workflow-activations/"
 INVOCATIONS = "/api/workflow-invocations/"
 SERVERS = "/api/mcp/servers/"
 TOOLS = "/api/mcp/tools/"
@@ -256,6 +257,10 @@ def test_a_dsl_error_is_a_400_naming_the_node_and_the_field(api_as, owner, works
     ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m" * 300}]}, "nodes[a].gatewayModelId"),
     ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m", "maxSteps": 10**40}]}, "nodes[a].maxSteps"),
     ({"entryNodeId": 5, "nodes": [{"nodeId": ["a"], "gatewayModelId": {"x": 1}}]}, "entryNodeId"),
+    ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m", "description": 5}]}, "nodes[a].description"),
+    ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m", "requiresApproval": "no"}]},
+     "nodes[a].requiresApproval"),
+    ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m"}], "outputSchema": [1]}, "outputSchema"),
 ])
 def test_hostile_dsl_documents_are_400_naming_the_path(api_as, owner, workspace, dsl, path):
     workflow = workflow_create(workspace=workspace, name="flow")
@@ -342,12 +347,18 @@ def test_activate_archives_the_version_active_before(api_as, owner, workspace):
     assert client.post(f"{VERSIONS}{second.pk}/activate/").json()["status"] == "active"
     assert client.get(f"{VERSIONS}{first.pk}/").json()["status"] == "archived"
     assert [v["id"] for v in client.get(VERSIONS, {"status": "active"}).json()["results"]] == [second.pk]
+    history = client.get(client.get(f"{WORKFLOWS}{workflow.pk}/").json()["activations_url"]).json()["results"]
+    assert [(row["workflow_version"], row["previous_version"], row["kind"], row["created_by"]) for row in history] == [
+        (second.pk, first.pk, "activate", "owner"), (first.pk, None, "activate", "owner")]
+    assert history[0]["parent"] == history[1]["id"]
 
 
 # -------------------------------------------------------------------------------------- invocations
 
 
-def test_invoking_a_version_with_missing_tools_and_models_is_refused_naming_each(api_as, owner, workspace):
+def test_invoking_a_version_with_missing_tools_and_models_is_refused_naming_each(api_as, owner, workspace, settings):
+    # with real providers, a prefix no provider serves is a missing model (offline, the offline model answers it)
+    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
     dsl = graph("planner", node("planner", model="nosuchprovider#x", tools=["tavily"], handoffs=["writer"]),
                 node("writer", model=MODEL, mcp=["browser"]))
     _, version = make_workflow(workspace, dsl=dsl)
@@ -545,6 +556,11 @@ def _workflows(workspace, n):
         workflow_version_create(workflow=workflow, dsl=flow(entryNodeId="writer"), parents=(version,))
 
 
+def _activations(workspace, n):
+    for _ in range(n):
+        workflow_version_activate(version=make_workflow(workspace, name=f"flow {Workflow.objects.count()}")[1])
+
+
 def _invocations(workspace, n):
     version = WorkflowVersion.objects.filter(workflow__workspace=workspace).first() or make_workflow(workspace)[1]
     for _ in range(n):
@@ -561,7 +577,8 @@ def _servers(workspace, n, user):
 
 
 # list url, how to add rows, the most queries it may take (session, scoping, page, prefetches)
-LISTS = [(WORKFLOWS, "workflows", 1), (VERSIONS, "workflows", 1), (INVOCATIONS, "invocations", 1),
+LISTS = [(WORKFLOWS, "workflows", 1), (VERSIONS, "workflows", 1), (ACTIVATIONS, "activations", 1),
+         (INVOCATIONS, "invocations", 1),
          (SERVERS, "servers", 3), (TOOLS, "servers", 1), (CONFIGS, "servers", 1)]
 
 
@@ -570,6 +587,7 @@ def test_list_endpoints_cost_the_same_for_1_and_50_rows(api_as, owner, workspace
                                                         django_assert_max_num_queries):
     client = api_as(owner)
     make = {"workflows": lambda n: _workflows(workspace, n), "invocations": lambda n: _invocations(workspace, n),
+            "activations": lambda n: _activations(workspace, n),
             "servers": lambda n: _servers(workspace, n, owner)}[kind]
     make(1)
     one, _ = _count(client, url)

@@ -7,7 +7,7 @@ import pytest
 from durable.inprocess import run_until_settled
 from knowledge import demo as knowledge_demo
 from workflows import demo
-from workflows.models import NodeInvocation, WorkflowInvocation
+from workflows.models import NodeInvocation, NodeVersion, WorkflowInvocation
 
 pytestmark = pytest.mark.django_db
 
@@ -31,3 +31,11 @@ def test_the_demo_workflows_are_seeded_once_and_their_invocations_complete():
                         .values_list("node_id", flat=True))
     assert router_nodes == ["triage", "engine_expert"]
     assert "Sources: [1]" in router.output["text"]
+
+
+def test_the_demo_workflows_name_the_default_model(settings):
+    settings.LLM_DEFAULT_MODEL = "ollama#llama3.2"
+    knowledge_demo.seed(stdout=StringIO())
+    demo.seed(stdout=StringIO())
+    models = set(NodeVersion.objects.values_list("llm_model", flat=True))
+    assert models == {"ollama#llama3.2"}

@@ -135,3 +135,79 @@ def test_malformed_lists_and_overlong_names_are_errors_not_crashes(node, path):
     with pytest.raises(dsl.DslError) as error:
         dsl.parse(document)
     assert path in error.value.errors
+
+
+@pytest.mark.parametrize(("field", "value", "fragment"), [
+    ("description", 5, "must be text"),
+    ("description", 0, "must be text"),
+    ("description", ["x"], "must be text"),
+    ("systemPrompt", 0, "must be text"),
+    ("systemPrompt", {"text": "x"}, "must be text"),
+    ("gatewayModelId", 5, "must be text"),
+    ("gatewayModelId", ["m"], "must be text"),
+    ("modelName", 7, "must be text"),
+    ("handOffType", 0, "must be one of"),
+    ("handOffType", ["parallel"], "must be one of"),
+    ("requiresApproval", "false", "true or false"),
+    ("requiresApproval", 1, "true or false"),
+    ("maxSteps", "5", "whole number"),
+    ("maxSteps", True, "whole number"),
+    ("memory", ["x"], "must be an object"),
+    ("memory", "notes", "must be an object"),
+    ("nodeId", 5, "must be text"),
+])
+def test_every_node_field_of_the_wrong_type_is_refused_naming_the_node_and_field(field, value, fragment):
+    """A wrong type is refused when the version is written, never accepted and failing (or silently
+    replaced by a default) when an invocation reaches the node."""
+    target = {"nodeId": "b"} if field == "modelName" else {"nodeId": "b", "gatewayModelId": "gpt-4.1-mini"}
+    document = {"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "gpt-4.1-mini", "handOffs": ["b"]},
+                                              {**target, field: value}]}
+    errors = errors_of(document)
+    path = "nodes[1]" if field == "nodeId" else "nodes[b]"
+    path += ".gatewayModelId" if field == "modelName" else f".{field}"
+    assert path in errors, errors
+    assert any(fragment in message for message in errors[path]), errors
+
+
+@pytest.mark.parametrize(("field", "value", "fragment"), [
+    ("entryNodeId", 5, "must be text"),
+    ("inputSchema", [], "must be an object"),
+    ("outputSchema", "json", "must be an object"),
+    ("__schema_version", "1", "must be 1"),
+    ("__schema_version", 2, "must be 1"),
+])
+def test_every_workflow_field_of_the_wrong_type_is_refused_naming_it(field, value, fragment):
+    errors = errors_of(two_nodes(**{field: value}))
+    assert field in errors, errors
+    assert any(fragment in message for message in errors[field]), errors
+
+
+def test_missing_and_null_fields_take_their_defaults():
+    document = {"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m", "description": None,
+                                               "systemPrompt": None, "requiresApproval": None, "memory": None,
+                                               "handOffType": None, "maxSteps": None}]}
+    node = dsl.parse(document)["nodes"][0]
+    assert (node["description"], node["systemPrompt"], node["requiresApproval"], node["memory"],
+            node["handOffType"], node["maxSteps"]) == ("", "", False, {}, "sequential", 5)
+
+
+def test_the_hash_keeps_the_order_of_hand_offs_and_wait_for_and_ignores_the_order_of_sets():
+    def fan(handoffs, wait_for, tools, skills):
+        return {"entryNodeId": "a", "nodes": [
+            {"nodeId": "a", "gatewayModelId": "m", "handOffs": handoffs},
+            {"nodeId": "b", "gatewayModelId": "m", "handOffs": ["d"]},
+            {"nodeId": "c", "gatewayModelId": "m", "handOffs": ["d"]},
+            {"nodeId": "d", "gatewayModelId": "m", "waitFor": wait_for, "codeTools": tools, "skills": skills,
+             "mcpTools": list(reversed(tools))}]}
+
+    base = dsl.dsl_hash(dsl.parse(fan(["b", "c"], ["b", "c"], ["knowledge_search", "skill_load"], ["x", "y"])))
+    # sequential targets run in list order and the answer is the last to reach `end`; a join reads in waitFor order
+    assert dsl.dsl_hash(dsl.parse(fan(["c", "b"], ["b", "c"], ["knowledge_search", "skill_load"], ["x", "y"]))) != base
+    assert dsl.dsl_hash(dsl.parse(fan(["b", "c"], ["c", "b"], ["knowledge_search", "skill_load"], ["x", "y"]))) != base
+    # the tools offered and the skills named are sets: stored sorted, so the same hash runs the same
+    shuffled = dsl.parse(fan(["b", "c"], ["b", "c"], ["skill_load", "knowledge_search"], ["y", "x"]))
+    assert dsl.dsl_hash(shuffled) == base
+    joined = shuffled["nodes"][3]
+    assert (joined["codeTools"], joined["mcpTools"], joined["skills"]) == (
+        ["knowledge_search", "skill_load"], ["knowledge_search", "skill_load"], ["x", "y"])
+    assert shuffled["nodes"][0]["handOffs"] == ["b", "c"] and joined["waitFor"] == ["b", "c"]

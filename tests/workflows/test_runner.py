@@ -2,6 +2,7 @@
 checkpoints as the workers), answered by the offline model unless a test says otherwise."""
 
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -110,7 +111,9 @@ def test_the_usd_budget_fails_the_invocation_with_that_reason(make_version, invo
     assert invocation.usd_cost == first.usd_cost
 
 
-def test_a_version_with_missing_tools_or_models_is_refused_before_anything_runs(make_version):
+def test_a_version_with_missing_tools_or_models_is_refused_before_anything_runs(make_version, settings):
+    # with real providers, a prefix no provider serves is a missing model (offline, the offline model answers it)
+    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
     version = make_version(graph(
         "a", node("a", tools=["csvReader", "knowledge_search"], mcp=["tavily"], handoffs=["b"]),
         node("b", model="nowhere#some/model")))
@@ -238,6 +241,34 @@ def test_a_large_tool_output_goes_to_the_context_store_and_the_node_sees_its_beg
     tool = Message.objects.get(workflow_invocation=invocation, role="tool")
     assert tool.payload["context_key"] == entry.key and entry.key in tool.payload["content"]
     assert len(tool.payload["content"]) < len(stored)
+
+
+class WorkerDied(BaseException):
+    """The worker process dies here: no `except Exception` cleanup runs."""
+
+
+def test_a_context_blob_written_before_a_crash_is_overwritten_by_the_redo_never_orphaned(
+        make_version, settings, tmp_path, monkeypatch):
+    from workflows.execution import context_store
+    from workflows.models import ContextEntry
+
+    settings.MEDIA_ROOT = str(tmp_path)
+    invocation = invocation_start(version=make_version(graph("a", node("a"))), input={"text": "x"})
+    saved = ContextEntry.save
+
+    def die(self, *args, **kwargs):
+        raise WorkerDied
+
+    monkeypatch.setattr(ContextEntry, "save", die)
+    with pytest.raises(WorkerDied):  # the blob is in storage, its row never committed
+        context_store(invocation.pk, None, key="node-1-0.0", data="first " * 100)
+    monkeypatch.setattr(ContextEntry, "save", saved)
+    entry = context_store(invocation.pk, None, key="node-1-0.0", data="again " * 100)  # the step's redo
+    files = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert files == [Path(entry.data.path)]
+    assert entry.data.read().decode() == "again " * 100 and entry.summary.startswith("again")
+    other = context_store(invocation.pk, None, key="node 1 0.0", data="other " * 100)  # a key cleaned alike
+    assert other.data.name != entry.data.name and len([p for p in tmp_path.rglob("*") if p.is_file()]) == 2
 
 
 def test_a_skill_the_task_matches_is_included_in_the_prompt_and_others_are_offered(make_version, invoke, workspace):

@@ -52,8 +52,8 @@ def test_a_node_calls_a_tool_through_the_openai_client_and_answers_from_its_resu
     assert json.loads(tool_message["content"])["hits"][0]["title"] == "Billing handbook"
     (ran,) = NodeInvocation.objects.filter(workflow_invocation=invocation)
     assert (ran.input_tokens, ran.output_tokens, ran.llm_calls, ran.tool_calls) == (420, 28, 2, 1)
-    expected = cost_usd("gpt-4.1-mini", input_tokens=120, output_tokens=20) + cost_usd(
-        "gpt-4.1-mini", input_tokens=300, output_tokens=8)
+    expected = cost_usd("gpt-4.1-mini", provider="openai", input_tokens=120, output_tokens=20) + cost_usd(
+        "gpt-4.1-mini", provider="openai", input_tokens=300, output_tokens=8)
     assert ran.usd_cost == invocation.usd_cost == expected > Decimal(0)
     roles = list(Message.objects.filter(node_invocation=ran).order_by("seq").values_list("role", flat=True))
     assert roles == ["data", "system", "user", "assistant", "tool", "assistant", "result"]
@@ -124,3 +124,58 @@ def test_a_worker_killed_mid_invocation_resumes_without_repeating_a_completed_mo
         calls = StepCheckpoint.objects.filter(run_id=invocation.durable_run_id, name__contains=":llm:")
         assert calls.count() == 3 and set(calls.values_list("status", flat=True)) == {"completed"}
         assert NodeInvocation.objects.filter(workflow_invocation=invocation).count() == 3
+
+
+@pytest.mark.django_db
+def test_a_usd_budget_on_a_model_with_no_price_is_refused_at_start(chat_server, settings, make_version):
+    """A local model no price database knows would cost 0 and the budget would never bind: refused,
+    naming the model and the setting, before anything is written or paid; priced by LLM_PRICES, it runs."""
+    from workflows.models import WorkflowInvocation
+    from workflows.services import InvocationRefused
+
+    settings.LLM_PROVIDERS = {"local": {"base_url": chat_server.url("/v1")}}
+    version = make_version(graph("a", node("a", model="local#qwen2.5:14b")))
+    with pytest.raises(InvocationRefused) as refused:
+        invocation_start(version=version, input={"text": "x"}, usd_budget="0.50")
+    (problem,) = refused.value.errors["models"]
+    assert "a.local#qwen2.5:14b" in problem and "no price is known for local model 'qwen2.5:14b'" in problem
+    assert "LLM_PRICES" in problem
+    assert not WorkflowInvocation.objects.exists() and chat_server.chat_payloads == []
+    settings.LLM_PRICES = {"local#*": {"input": 0, "output": 0}}
+    assert invocation_start(version=version, input={"text": "x"}, usd_budget="0.50").pk
+
+
+@pytest.mark.django_db
+def test_a_priced_model_of_a_router_runs_and_costs_the_databases_price(chat_server, settings, make_version, invoke,
+                                                                        monkeypatch):
+    settings.LLM_PROVIDERS = {"openrouter": {"base_url": chat_server.url("/v1"), "api_key_env": "OPENROUTER_KEY"}}
+    monkeypatch.setenv("OPENROUTER_KEY", "sk-router")
+    chat_server.chat_replies = [{"content": "done", "usage": {"prompt_tokens": 1_000_000, "completion_tokens": 0}}]
+    invocation = invoke(make_version(graph("a", node("a", model="openrouter#openai/gpt-4.1-mini"))), {"text": "x"})
+    assert invocation.status == "completed", invocation.error
+    assert invocation.usd_cost == Decimal("0.40")  # OpenRouter's price of gpt-4.1-mini, from genai-prices
+
+
+OUTPUT_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+                 "additionalProperties": False}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("structured", [True, False])
+def test_the_output_schema_is_sent_as_a_response_format_where_the_provider_supports_it(
+        chat_server, settings, make_version, invoke, structured):
+    settings.LLM_PROVIDERS = {"local": {"base_url": chat_server.url("/v1"), "structured_outputs": structured}}
+    settings.LLM_PRICES = {"local#*": {"input": 0, "output": 0}}
+    chat_server.chat_replies = [{"content": "routed"}, {"content": '{"answer": "five days"}'}]
+    dsl = {**graph("triage", node("triage", model="local#qwen2.5:14b", handoffs=["answer"]),
+                   node("answer", model="local#qwen2.5:14b", handoffs=["end"])), "outputSchema": OUTPUT_SCHEMA}
+    invocation = invoke(make_version(dsl), {"text": "How long is a refund?"})
+    assert invocation.status == "completed", invocation.error
+    assert invocation.output["json"] == {"answer": "five days"}
+    triage, answer = chat_server.chat_payloads
+    assert "response_format" not in triage  # its answer goes to another node, not to the caller
+    if structured:
+        assert answer["response_format"] == {"type": "json_schema", "json_schema": {
+            "name": "output", "schema": OUTPUT_SCHEMA, "strict": True}}
+    else:
+        assert "response_format" not in answer  # asked for in the prompt, as the workflow's author wrote it

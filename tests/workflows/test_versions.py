@@ -170,3 +170,94 @@ def test_ancestors_and_descendants_in_one_query_each_through_both_parents(worksp
     assert dict(descendants)[left.pk] == 1 and dict(descendants)[child.pk] == 2 and len(descendants) == 33
     assert version_ancestors(root) == [] and version_descendants(chain[-1]) == []
     assert len(version_ancestors(chain[-1], max_depth=3)) == 3
+
+
+@pytest.mark.django_db
+def test_hand_offs_in_another_order_are_another_version_that_answers_from_its_own_last_node(workflow, invoke):
+    from tests.workflows.conftest import graph, node
+
+    def ordered(*targets):
+        return graph("a", node("a", prompt="Route the question.", handoffs=targets),
+                     node("b", prompt="Answer in one sentence.", handoffs=["end"]),
+                     node("c", prompt="Answer with a bullet list.", handoffs=["end"]))
+
+    first, created_first = workflow_version_create(workflow=workflow, dsl=ordered("b", "c"))
+    second, created_second = workflow_version_create(workflow=workflow, dsl=ordered("c", "b"))
+    assert created_first and created_second and second.pk != first.pk
+    assert second.dsl["nodes"][0]["handOffs"] == ["c", "b"]
+    answers = [invoke(version, {"text": "How do durable runs survive a crash?"}) for version in (first, second)]
+    assert [answer.status for answer in answers] == ["completed", "completed"]
+    assert [answer.output["node_id"] for answer in answers] == ["c", "b"]
+
+
+@pytest.mark.django_db
+def test_versions_hashed_before_hand_off_order_counted_are_found_again_after_the_migration(workflow):
+    """A version written when the hash sorted every list: the migration recomputes its hash, so
+    posting its DSL again returns it instead of writing a second version."""
+    import importlib
+
+    from django.apps import apps
+
+    from tests.workflows.conftest import graph, node
+
+    migration = importlib.import_module("workflows.migrations.0004_dsl_hash_keeps_handoff_order")
+    document = graph("a", node("a", handoffs=["c", "b"]), node("b", handoffs=["end"]), node("c", handoffs=["end"]))
+    stored, _ = workflow_version_create(workflow=workflow, dsl=document)
+    untouched, _ = workflow_version_create(workflow=workflow, dsl=graph("b", node("b", handoffs=["end"])))
+    WorkflowVersion.objects.filter(pk=stored.pk).update(dsl_hash=migration._hash(stored.dsl, ordered=False))
+    assert migration.rehash(apps) == 1
+    again, created = workflow_version_create(workflow=workflow, dsl=document)
+    assert (again.pk, created) == (stored.pk, False)
+    assert WorkflowVersion.objects.get(pk=untouched.pk).dsl_hash == untouched.dsl_hash
+
+
+@pytest.mark.django_db
+def test_each_activation_is_recorded_and_activating_the_active_version_records_nothing(workflow, owner):
+    from workflows.models import VersionActivation
+
+    first, _ = workflow_version_create(workflow=workflow, dsl=two_nodes())
+    second, _ = workflow_version_create(workflow=workflow, dsl=two_nodes(entryNodeId="writer"))
+    workflow_version_activate(version=first, user=owner)
+    workflow_version_activate(version=second)
+    workflow_version_activate(version=second)
+    history = list(VersionActivation.objects.filter(workflow=workflow).order_by("id"))
+    assert [(row.workflow_version, row.previous_version, row.kind) for row in history] == [
+        (first, None, "activate"), (second, first, "activate")]
+    assert history[1].parent == history[0] and history[0].created_by == owner
+    with pytest.raises(ValueError, match="never rewritten"):
+        history[0].save()
+
+
+@pytest.mark.django_db
+def test_the_backfill_gives_versions_activated_before_the_history_their_order_of_archiving(workflow):
+    import importlib
+
+    from django.apps import apps
+    from django.utils import timezone
+
+    from workflows.models import VersionActivation
+    from workflows.selectors import rollback_target
+
+    migration = importlib.import_module("workflows.migrations.0005_version_activation_history")
+    versions = [workflow_version_create(workflow=workflow, dsl=two_nodes(description=str(n)))[0] for n in range(3)]
+    for version in versions:
+        workflow_version_activate(version=version)
+    VersionActivation.objects.all().delete()  # as a database migrated from before the history was kept
+    WorkflowVersion.objects.filter(pk=versions[1].pk).update(updated_at=timezone.now())  # archived last
+    migration.backfill(apps, None)
+    assert rollback_target(workflow_id=workflow.pk) == versions[1]
+    assert VersionActivation.objects.filter(workflow=workflow).count() == 3
+
+
+@pytest.mark.django_db
+def test_the_diff_of_two_versions_names_a_change_of_hand_off_order_and_not_of_tool_order(workflow):
+    from tests.workflows.conftest import graph, node
+    from workflows.selectors import version_diff
+
+    def ordered(targets, tools):
+        return graph("a", node("a", handoffs=targets, tools=tools), node("b", handoffs=["end"]),
+                     node("c", handoffs=["end"]))
+
+    old, _ = workflow_version_create(workflow=workflow, dsl=ordered(["b", "c"], ["knowledge_search", "skill_load"]))
+    new, _ = workflow_version_create(workflow=workflow, dsl=ordered(["c", "b"], ["skill_load", "knowledge_search"]))
+    assert version_diff(old, new)["nodes"]["a"] == {"change": "changed", "fields": ["handOffs"], "prompt_diff": []}

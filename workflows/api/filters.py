@@ -14,6 +14,7 @@ from workflows.models import (
     McpTool,
     Message,
     UserServerConfig,
+    VersionActivation,
     Workflow,
     WorkflowInvocation,
     WorkflowVersion,
@@ -90,6 +91,16 @@ class WorkflowVersionFilter(django_filters.FilterSet):
 
     def filter_parent(self, queryset, name, value):
         return queryset.filter(Q(parent1=value) | Q(parent2=value)) if value is not None else queryset
+
+
+class VersionActivationFilter(django_filters.FilterSet):
+    workspace = WorkspaceFilter(field_name="workflow__workspace")
+    workflow = _workflow_filter("workflow", help_text="The activation history of this workflow (one of yours).")
+    version = _version_filter("workflow_version", help_text="Activations of this version.")
+
+    class Meta:
+        model = VersionActivation
+        fields = ["workspace", "workflow", "version", "kind"]
 
 
 class WorkflowInvocationFilter(django_filters.FilterSet):

@@ -16,6 +16,7 @@ from workflows.models import (
     NodeInvocation,
     NodeVersion,
     UserServerConfig,
+    VersionActivation,
     Workflow,
     WorkflowInvocation,
     WorkflowVersion,
@@ -83,11 +84,13 @@ class WorkflowSerializer(serializers.ModelSerializer):
                                               help_text="The workflow's active version, if any.")
     version_count = serializers.IntegerField(read_only=True)
     versions_url = serializers.SerializerMethodField(help_text="Its versions (the version list, filtered).")
+    activations_url = serializers.SerializerMethodField(help_text="Its activation history, newest first (what a "
+                                                                  "rollback follows).")
 
     class Meta:
         model = Workflow
         fields = ["id", "url", "workspace", "name", "description", "owner", "active_version", "version_count",
-                  "versions_url", "created_at", "updated_at"]
+                  "versions_url", "activations_url", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
         validators = []  # the duplicate check in validate() names the `name` field
 
@@ -99,6 +102,9 @@ class WorkflowSerializer(serializers.ModelSerializer):
 
     def get_versions_url(self, obj) -> str:
         return _list_link(self.context.get("request"), "workflow-version-list", f"?workflow={obj.pk}")
+
+    def get_activations_url(self, obj) -> str:
+        return _list_link(self.context.get("request"), "workflow-activation-list", f"?workflow={obj.pk}")
 
     def validate(self, attrs):
         workspace = attrs.get("workspace", getattr(self.instance, "workspace", None))
@@ -154,6 +160,24 @@ class WorkflowVersionSerializer(serializers.ModelSerializer):
 
     def get_invocations_url(self, obj) -> str:
         return _list_link(self.context.get("request"), "workflow-invocation-list", f"?version={obj.pk}")
+
+
+class VersionActivationSerializer(serializers.ModelSerializer):
+    """One activation of a version: by an activation (API, promotion) or a rollback. `parent` is the
+    activation in effect before it; a rollback from the newest one re-activates its parent's version."""
+
+    workspace = serializers.IntegerField(source="workflow.workspace_id", read_only=True)
+    workflow_version_url = serializers.SerializerMethodField()
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = VersionActivation
+        fields = ["id", "workspace", "workflow", "workflow_version", "workflow_version_url", "previous_version",
+                  "parent", "kind", "created_by", "created_at"]
+        read_only_fields = fields
+
+    def get_workflow_version_url(self, obj) -> str:
+        return _link(self.context.get("request"), "workflow-version-detail", obj.workflow_version_id)
 
 
 class WorkflowVersionDetailSerializer(WorkflowVersionSerializer):

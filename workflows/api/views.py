@@ -20,6 +20,7 @@ from workflows.api.filters import (
     McpToolFilter,
     MessageFilter,
     UserServerConfigFilter,
+    VersionActivationFilter,
     WorkflowFilter,
     WorkflowInvocationFilter,
     WorkflowVersionFilter,
@@ -32,6 +33,7 @@ from workflows.api.serializers import (
     McpServerSerializer,
     McpToolSerializer,
     UserServerConfigSerializer,
+    VersionActivationSerializer,
     VersionDiffSerializer,
     WorkflowImportSerializer,
     WorkflowInvocationDetailSerializer,
@@ -50,6 +52,7 @@ from workflows.models import (
     NodeInvocation,
     NodeVersion,
     UserServerConfig,
+    VersionActivation,
     Workflow,
     WorkflowInvocation,
     WorkflowVersion,
@@ -277,7 +280,7 @@ class WorkflowVersionViewSet(WorkspaceScopedReadOnlyViewSet):
                    request=None, responses=WorkflowVersionDetailSerializer)
     @action(detail=True, methods=["post"])
     def activate(self, request, pk=None):
-        version = services.workflow_version_activate(version=self.get_object())
+        version = services.workflow_version_activate(version=self.get_object(), user=request.user)
         version = self.get_queryset().get(pk=version.pk)
         return Response(WorkflowVersionDetailSerializer(version, context=self.get_serializer_context()).data)
 
@@ -300,6 +303,18 @@ class WorkflowVersionViewSet(WorkspaceScopedReadOnlyViewSet):
         invocation = invocation_queryset(detail=True).get(pk=invocation.pk)
         return Response(WorkflowInvocationDetailSerializer(invocation, context=self.get_serializer_context()).data,
                         status=status.HTTP_202_ACCEPTED)
+
+
+@extend_schema_view(list=extend_schema(summary="The activation history of your workflows, newest first"),
+                   retrieve=extend_schema(summary="An activation"))
+class VersionActivationViewSet(WorkspaceScopedReadOnlyViewSet):
+    """Every activation of a version (activate, promote) and every rollback, newest first. A rollback
+    re-activates the version of the newest activation's `parent`. `?workflow=<id>` is one workflow's history."""
+
+    queryset = VersionActivation.objects.select_related("workflow", "created_by")
+    serializer_class = VersionActivationSerializer
+    filterset_class = VersionActivationFilter
+    workspace_field = "workflow__workspace"
 
 
 # ------------------------------------------------------------------------------------- invocations
