@@ -483,10 +483,10 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
                 kind = chosen if chosen != "auto" else importing.file_kind(upload.name, upload.content_type)
                 try:
                     lines = importing.read_file(importing.read_upload(upload), kind=kind)
-                except importing.Unreadable as exc:
+                    added, bad = golden_items_import(golden_set=golden_set, items=lines)
+                except (importing.Unreadable, EvalError) as exc:
                     errors = [str(exc)]
                 else:
-                    added, bad = golden_items_import(golden_set=golden_set, items=lines)
                     if added:
                         self.message_user(request, f"Imported {len(added)} item(s) into {golden_set.name} "
                                                    f"(positions {added[0].position} to {added[-1].position}).",

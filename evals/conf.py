@@ -12,6 +12,8 @@ class EvalSettings:
     alpha: float  # the significance level a promotion needs (paired Wilcoxon signed-rank test)
     critical_tolerance: float  # a critical item may lose at most this much score in a promotion
     bootstrap_resamples: int  # resamples of the paired bootstrap giving the mean difference's 95% interval
+    max_items_per_set: int  # items a golden set may hold (item create and import refuse more)
+    regex_timeout: float  # seconds one grader may spend matching user patterns on one answer (then a grading error)
 
 
 def eval_settings() -> EvalSettings:
@@ -21,4 +23,6 @@ def eval_settings() -> EvalSettings:
         alpha=float(getattr(settings, "EVAL_ALPHA", 0.05)),
         critical_tolerance=float(getattr(settings, "EVAL_CRITICAL_TOLERANCE", 0.1)),
         bootstrap_resamples=int(getattr(settings, "EVAL_BOOTSTRAP_RESAMPLES", 10_000)),
+        max_items_per_set=int(getattr(settings, "EVAL_MAX_ITEMS_PER_SET", 5000)),
+        regex_timeout=float(getattr(settings, "EVAL_REGEX_TIMEOUT_SECONDS", 2.0)),
     )

@@ -46,19 +46,16 @@ Graders and their options
     whole expected output is the one term. The rationale names the missing terms.
 
 ``regex``
-    1 when the pattern matches anywhere in the answer (``re.search``), else 0.
+    1 when the pattern matches anywhere in the answer (a search with the `regex` package, which reads Python
+    ``re`` syntax and more, such as ``\\p{L}``), else 0.
     Options: ``pattern`` (at most 1,000 characters; without it the expected output, stripped, is the pattern),
     ``flags`` (a string of ``i`` ignore case, ``m`` multiline, ``s`` dot matches newline; default "").
-    Guards, since Python's ``re`` has no timeout: the answer is cut to its first 100,000 characters; patterns that
-    invite catastrophic backtracking are refused (a configuration error for ``pattern``, a grading error for a
-    pattern taken from the expected output): a variable repetition nested in another repetition, like ``(a+)+``
-    or ``(\\w+\\s?)*`` (unless it repeats one character and is followed by a character it cannot match, as in
-    ``(?:\\d+,)*``), and alternatives that can start with the same character inside a repetition, like
-    ``(a|aa)*`` or ``(\\d|\\d\\d)+``. This check is a conservative heuristic: rewrite a refused pattern with a
-    possessive quantifier (``(?:\\w+\\s)++``) or an atomic group (``(?>...)``), which cannot backtrack. Because
-    even an accepted pattern can be polynomially slow (``\\s+$`` takes about a second on 20,000 spaces), a match
-    runs in this process only for an answer up to 5,000 characters and a pattern with at most one unbounded
-    repetition; otherwise it runs in a child Python process killed after 2 seconds (a grading error).
+    A pattern that does not compile, or that would be too large once its counted repeats are expanded (like
+    ``(?:ab|cd){1000000}``), is refused: a configuration error for ``pattern``, a grading error for a pattern
+    taken from the expected output. The answer is cut to its first 100,000 characters. The match runs in this
+    process with a time limit (``EVAL_REGEX_TIMEOUT_SECONDS``, default 2 s): a pattern that backtracks
+    catastrophically on an answer, like ``(a+)+$`` on a long run of ``a``, is a grading error naming the grader
+    and the limit, never a 0 (``config/user_regex.py``).
 
 ``token_f1``
     SQuAD-style token F1 between the answer and the expected output: NFKC, case folding, punctuation removed
@@ -95,6 +92,10 @@ Graders and their options
     against the schema (Draft 2020-12, formats checked where ``jsonschema`` can), else 0 with the first three
     validation errors. Options: ``schema`` (a JSON schema object, checked at validation); without it the
     ``output_schema`` passed to ``grade`` (the workflow version's). No schema at all is a grading error.
+    The schema's ``pattern``, ``patternProperties`` and ``format: regex`` are the regex grader's patterns: compiled
+    with `regex` (a schema whose pattern does not compile is refused), matched under the same time limit shared by
+    the whole validation (past it, a grading error). ``unevaluatedProperties`` in a schema with
+    ``patternProperties`` is refused (jsonschema would match those with no limit).
 
 ``llm_judge``
     A chat model scores the answer 0..1 with a rationale, weighing factual accuracy first, then completeness
@@ -123,20 +124,17 @@ import logging
 import math
 import re
 import string
-import subprocess
-import sys
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from re import _constants as _sre
-from re import _parser as _sre_parse
 
 from django.conf import settings
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from config import user_regex
+from evals.conf import eval_settings
 from llm.chat import (
     OFFLINE_PROVIDER,
     ChatError,
@@ -162,8 +160,6 @@ MAX_FIELDS = 50
 MAX_SCHEMA_CHARS = 100_000
 REGEX_MAX_PATTERN = 1000
 REGEX_INPUT_CHARS = 100_000
-REGEX_INLINE_CHARS = 5_000  # longer inputs (or several unbounded repetitions) are matched in a child process
-REGEX_TIMEOUT_SECONDS = 2.0
 JUDGE_TEMPERATURE = 0.1
 JUDGE_MAX_TOKENS = 400
 JUDGE_ATTEMPTS = 3  # one call and two more for an unreadable reply
@@ -311,11 +307,8 @@ def _terms_option(value):
     return list(value)
 
 
-_FLAG_BITS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL}
-
-
 def _flags_option(value):
-    if not isinstance(value, str) or any(flag not in _FLAG_BITS for flag in value):
+    if not isinstance(value, str) or any(flag not in user_regex.FLAGS for flag in value):
         raise _OptionError('must be a string of the letters "i", "m", "s" (for example "im")')
     return "".join(sorted(set(value)))
 
@@ -332,7 +325,7 @@ def _schema_option(value):
     if len(_canonical(value)) > MAX_SCHEMA_CHARS:
         raise _OptionError(f"is larger than {MAX_SCHEMA_CHARS:,} characters of JSON")
     try:
-        Draft202012Validator.check_schema(value)
+        user_regex.check_schema(value)
     except SchemaError as exc:
         raise _OptionError(f"is not a valid Draft 2020-12 schema: {_cut(exc.message, 300)}") from None
     return value
@@ -798,227 +791,28 @@ def _grade_token_f1(context: _Context, entry: dict) -> _Outcome:
 
 # -------------------------------------------------------------------------------------------- regex
 
-_REPEATS = (_sre.MAX_REPEAT, _sre.MIN_REPEAT)
-_UNBOUNDED = _sre.MAXREPEAT
-
 
 def _regex_flags(flags: str) -> int:
     bits = 0
     for flag in flags:
-        bits |= _FLAG_BITS[flag]
+        bits |= user_regex.FLAGS[flag]
     return bits
 
 
-@lru_cache(maxsize=256)
 def _regex_problem(pattern: str, flags: int) -> str | None:
-    """Why `pattern` is refused (too long, does not compile, invites catastrophic backtracking), or None."""
+    """Why `pattern` cannot be used (too long, does not compile, too large once compiled), or None."""
     if len(pattern) > REGEX_MAX_PATTERN:
         return f"the pattern is {len(pattern):,} characters long; at most {REGEX_MAX_PATTERN:,}"
     try:
-        re.compile(pattern, flags)
-        tree = _sre_parse.parse(pattern, flags)
-    except (re.error, RecursionError, OverflowError) as exc:
-        return f"the pattern does not compile: {exc}"
-    hazard = _backtracking_hazard(list(tree), None, bool((flags | tree.state.flags) & re.IGNORECASE))
-    if hazard:
-        return (f"the pattern risks catastrophic backtracking ({hazard}); rewrite it with a possessive quantifier "
-                f"such as (?:...)++ or an atomic group (?>...)")
+        user_regex.compile_pattern(pattern, flags)
+    except user_regex.PatternError as exc:
+        return str(exc)
     return None
 
 
-def _backtracking_hazard(items: list, outer: tuple | None, ignore_case: bool) -> str | None:
-    """A conservative check for exponential backtracking: a variable repetition inside another repetition, or
-    alternatives that may start alike inside a repetition. `outer` is the enclosing repetition's (min, max)."""
-    for index, (op, av) in enumerate(items):
-        found = None
-        if op in _REPEATS:
-            low, high, body = av
-            body = list(body)
-            if outer is not None and low != high and high > 1 and not _delimited(body, items[index + 1:],
-                                                                                 ignore_case):
-                bounded = outer[1] != _UNBOUNDED and high != _UNBOUNDED and outer[1] * high <= 64
-                if not bounded:
-                    return "a variable repetition nested inside another repetition, like (a+)+"
-            if high > 1 and _overlapping_branch(body, ignore_case):
-                return "alternatives that may start with the same character inside a repetition, like (a|ab)*"
-            found = _backtracking_hazard(body, (low, high) if high > 1 else outer, ignore_case)
-        elif op is _sre.POSSESSIVE_REPEAT:
-            found = _backtracking_hazard(list(av[2]), None, ignore_case)
-        elif op is _sre.ATOMIC_GROUP:
-            found = _backtracking_hazard(list(av), None, ignore_case)
-        elif op is _sre.SUBPATTERN:
-            found = _backtracking_hazard(list(av[3]), outer, ignore_case or bool(av[1] & re.IGNORECASE))
-        elif op is _sre.BRANCH:
-            for alternative in av[1]:
-                found = found or _backtracking_hazard(list(alternative), outer, ignore_case)
-        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
-            found = _backtracking_hazard(list(av[1]), None, ignore_case)
-        elif op is _sre.GROUPREF_EXISTS:
-            for branch in av[1:]:
-                if branch is not None:
-                    found = found or _backtracking_hazard(list(branch), outer, ignore_case)
-        if found:
-            return found
-    return None
-
-
-_ONE_CHAR = (_sre.LITERAL, _sre.NOT_LITERAL, _sre.IN)
-
-
-def _delimited(body: list, rest: list, ignore_case: bool) -> bool:
-    """A repeated single character followed by a required character it cannot match (the \\d+ in (\\d+,)*):
-    where each run ends is then certain, so nesting it in a repetition cannot backtrack exponentially."""
-    if len(body) != 1 or body[0][0] not in _ONE_CHAR or not rest or rest[0][0] not in (_sre.LITERAL, _sre.IN):
-        return False
-    run, stop = _first_chars(body, ignore_case), _first_chars(rest[:1], ignore_case)
-    if run is None or stop is None:
-        return False
-    return not _predicates_meet(run, stop, extra=_item_chars(body[0]) + _item_chars(rest[0]))
-
-
-def _item_chars(item) -> list[str]:
-    """The characters a LITERAL or set names (besides the probe alphabet, they are tried for overlaps)."""
-    op, av = item
-    if op in (_sre.LITERAL, _sre.NOT_LITERAL):
-        return [chr(av)]
-    if op is _sre.IN:
-        codes = []
-        for kind, value in av:
-            if kind is _sre.LITERAL:
-                codes.append(value)
-            elif kind is _sre.RANGE:
-                codes.extend(value)
-        return [chr(code) for code in codes]
-    return []
-
-
-def _overlapping_branch(items: list, ignore_case: bool) -> bool:
-    for op, av in items:
-        if op is _sre.BRANCH:
-            starts = [_first_chars(list(alternative), ignore_case) for alternative in av[1]]
-            named = [ch for alternative in av[1] if alternative for ch in _item_chars(alternative[0])]
-            for index, first in enumerate(starts):
-                for second in starts[index + 1:]:
-                    if first is None or second is None or _predicates_meet(first, second, named):
-                        return True
-            if any(_overlapping_branch(list(alternative), ignore_case) for alternative in av[1]):
-                return True
-        elif op is _sre.SUBPATTERN and _overlapping_branch(list(av[3]), ignore_case or bool(av[1] & re.IGNORECASE)):
-            return True
-    return False
-
-
-_PROBE = [chr(code) for code in (*range(0x09, 0x0E), *range(0x20, 0x250), *range(0x370, 0x400), 0x2028, 0x3000,
-                                 *range(0x3041, 0x3060), *range(0x4E00, 0x4E40), 0x1F600, 0x0660, 0xFF10)]
-
-
-def _predicates_meet(first: Callable[[str], bool], second: Callable[[str], bool], extra: list[str] = ()) -> bool:
-    return any(first(ch) and second(ch) for ch in (*_PROBE, *extra))
-
-
-_CATEGORY_TESTS = {
-    "DIGIT": lambda ch: ch.isdecimal(), "SPACE": lambda ch: ch.isspace(),
-    "WORD": lambda ch: ch.isalnum() or ch == "_", "LINEBREAK": lambda ch: ch == "\n",
-}
-
-
-def _category_test(category) -> Callable[[str], bool]:
-    name = str(category).removeprefix("CATEGORY_").removeprefix("UNI_").removeprefix("LOC_")
-    negate = name.startswith("NOT_")
-    test = _CATEGORY_TESTS[name.removeprefix("NOT_")]
-    return (lambda ch: not test(ch)) if negate else test
-
-
-def _first_chars(items: list, ignore_case: bool) -> Callable[[str], bool] | None:
-    """A test for the characters a sequence can start with, or None when it may be empty or start with anything
-    (the conservative answer)."""
-    if not items:
-        return None
-    op, av = items[0]
-
-    def fold(test):
-        if not ignore_case:
-            return test
-        return lambda ch: any(test(variant) for variant in (ch, ch.lower(), ch.upper(), ch.casefold())
-                              if len(variant) == 1)
-
-    if op is _sre.LITERAL:
-        return fold(lambda ch, code=av: ord(ch) == code)
-    if op is _sre.NOT_LITERAL:
-        return None if ignore_case else (lambda ch, code=av: ord(ch) != code)
-    if op is _sre.IN:
-        tests, negate = [], False
-        for kind, value in av:
-            if kind is _sre.NEGATE:
-                negate = True
-            elif kind is _sre.LITERAL:
-                tests.append(lambda ch, code=value: ord(ch) == code)
-            elif kind is _sre.RANGE:
-                tests.append(lambda ch, span=value: span[0] <= ord(ch) <= span[1])
-            elif kind is _sre.CATEGORY:
-                try:
-                    tests.append(_category_test(value))
-                except KeyError:
-                    return None
-            else:
-                return None
-        member = fold(lambda ch: any(test(ch) for test in tests))
-        return (lambda ch: not member(ch)) if negate else member
-    if op is _sre.SUBPATTERN:
-        return _first_chars(list(av[3]), ignore_case or bool(av[1] & re.IGNORECASE))
-    if op in _REPEATS or op is _sre.POSSESSIVE_REPEAT:
-        return _first_chars(list(av[2]), ignore_case) if av[0] >= 1 else None
-    return None  # ANY, anchors, assertions, back references, nested alternation: assume anything
-
-
-def _count_unbounded(items: list) -> int:
-    count = 0
-    for op, av in items:
-        if op in _REPEATS:
-            count += (av[1] == _UNBOUNDED) + _count_unbounded(list(av[2]))
-        elif op is _sre.POSSESSIVE_REPEAT:
-            count += _count_unbounded(list(av[2]))
-        elif op is _sre.SUBPATTERN:
-            count += _count_unbounded(list(av[3]))
-        elif op is _sre.BRANCH:
-            count += sum(_count_unbounded(list(alternative)) for alternative in av[1])
-        elif op is _sre.ATOMIC_GROUP:
-            count += _count_unbounded(list(av))
-        elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
-            count += _count_unbounded(list(av[1]))
-    return count
-
-
-@lru_cache(maxsize=256)
-def _unbounded_repetitions(pattern: str, flags: int) -> int:
-    return _count_unbounded(list(_sre_parse.parse(pattern, flags)))
-
-
-_REGEX_CHILD = ("import json, re, sys\n"
-                "job = json.load(sys.stdin)\n"
-                "match = re.compile(job['pattern'], job['flags']).search(job['text'])\n"
-                "print(json.dumps(match and [match.start(), match.end()]))\n")
-
-
-def _regex_search(pattern: str, flags: int, text: str) -> tuple[int, int] | None:
-    """The span of the first match. In this process for short inputs and simple patterns; otherwise in a child
-    Python process killed after REGEX_TIMEOUT_SECONDS (re cannot be interrupted in a thread)."""
-    if len(text) <= REGEX_INLINE_CHARS and _unbounded_repetitions(pattern, flags) <= 1:
-        match = re.compile(pattern, flags).search(text)
-        return match.span() if match else None
-    job = json.dumps({"pattern": pattern, "flags": flags, "text": text})  # ASCII: safe whatever the locale
-    try:
-        done = subprocess.run([sys.executable, "-I", "-S", "-c", _REGEX_CHILD], input=job, capture_output=True,
-                              text=True, timeout=REGEX_TIMEOUT_SECONDS, check=False)
-    except subprocess.TimeoutExpired:
-        raise _GradingError(f"the regex did not finish within {REGEX_TIMEOUT_SECONDS:g} s on this answer "
-                            f"(catastrophic backtracking?)") from None
-    except OSError as exc:
-        raise _GradingError(f"the regex could not be run in a child process: {exc}") from None
-    if done.returncode != 0:
-        raise _GradingError(f"the regex child process failed: {_cut(done.stderr.strip(), 200)}")
-    span = json.loads(done.stdout)
-    return tuple(span) if span else None
+def _timed_out(kind: str, exc: user_regex.PatternTimeout) -> _GradingError:
+    return _GradingError(f"the {kind} grader's pattern matching took longer than its {exc.seconds:g} s limit on "
+                         f"this answer (EVAL_REGEX_TIMEOUT_SECONDS)", details={"timeout_seconds": exc.seconds})
 
 
 def _grade_regex(context: _Context, entry: dict) -> _Outcome:
@@ -1035,12 +829,14 @@ def _grade_regex(context: _Context, entry: dict) -> _Outcome:
     text = context.actual[:REGEX_INPUT_CHARS]
     note = (f" (only the first {REGEX_INPUT_CHARS:,} characters were searched)"
             if len(context.actual) > REGEX_INPUT_CHARS else "")
-    span = _regex_search(pattern, flags, text)
-    details = {"pattern_from": source, "span": list(span) if span else None}
-    if span is None:
+    try:
+        match = user_regex.search(pattern, text, flags=flags, timeout=eval_settings().regex_timeout)
+    except user_regex.PatternTimeout as exc:
+        raise _timed_out("regex", exc) from None
+    details = {"pattern_from": source, "span": list(match.span()) if match else None}
+    if match is None:
         return _Outcome(0.0, f"The {source} {_quote(pattern, 80)} does not match the answer{note}.", details)
-    return _Outcome(1.0, f"The {source} {_quote(pattern, 80)} matches {_quote(text[span[0]:span[1]], 80)}{note}.",
-                    details)
+    return _Outcome(1.0, f"The {source} {_quote(pattern, 80)} matches {_quote(match.group(), 80)}{note}.", details)
 
 
 # -------------------------------------------------------------------------------------- JSON fields
@@ -1204,9 +1000,7 @@ def _grade_numeric(context: _Context, entry: dict) -> _Outcome:
 
 @lru_cache(maxsize=64)
 def _schema_validator(canonical_schema: str):
-    schema = json.loads(canonical_schema)
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return user_regex.schema_validator(json.loads(canonical_schema))
 
 
 def _grade_json_schema(context: _Context, entry: dict) -> _Outcome:
@@ -1229,9 +1023,12 @@ def _grade_json_schema(context: _Context, entry: dict) -> _Outcome:
     if value is _MISSING:
         return _Outcome(0.0, "The answer is not JSON, so it cannot match the schema.", {"errors": []})
     try:
-        errors = sorted(validator.iter_errors(value), key=lambda error: list(error.absolute_path))
+        errors = user_regex.schema_errors(validator, value, timeout=eval_settings().regex_timeout)
     except RecursionError:
         return _Outcome(0.0, "The answer's JSON is too deeply nested to validate.", {"errors": []})
+    except user_regex.PatternTimeout as exc:
+        raise _timed_out("json_schema", exc) from None
+    errors.sort(key=lambda error: list(error.absolute_path))
     if not errors:
         return _Outcome(1.0, f"The answer is JSON that validates against {source}.", {"errors": []})
     messages = [f"{'/'.join(str(part) for part in error.absolute_path) or '(root)'}: {_cut(error.message, 160)}"

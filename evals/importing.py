@@ -19,7 +19,8 @@ The file:
 Each line, refused on its own (all of a line's problems at once, by key):
 - JSON (a JSON Lines line; a CSV `rubric`, `metadata`, a `tags` cell starting with `[`, an `input` cell
   starting with `{`) with NaN or Infinity, a number out of range, or nesting deeper than MAX_JSON_DEPTH.
-- A NUL character anywhere, in a value or a key (Postgres cannot store one).
+- A NUL character or half a surrogate pair (a JSON "\\ud800") anywhere, in a value or a key (Postgres cannot
+  store either).
 - A JSON Lines line that is not an object; an unknown key; a CSV row with more or fewer cells than the header.
 - The item's fields as `services.item_errors` checks them (one rule for the import, the admin's item form, the
   API and the services), and the API's length caps: the expected output at most MAX_EXPECTED_OUTPUT
@@ -47,13 +48,16 @@ from dataclasses import dataclass, field
 
 from evals.graders import MAX_TEXT_CHARS
 from evals.services import item_errors
-from workspaces.api.parsers import MAX_JSON_DEPTH, NUL, NUL_MESSAGE
+from workspaces.api.parsers import MAX_JSON_DEPTH, NUL, text_problem
 
 ITEM_KEYS = ("input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")
 MAX_BYTES = 5 * 1024 * 1024
 MAX_ITEMS = 5000
 MAX_EXPECTED_OUTPUT = MAX_TEXT_CHARS  # the graders would cut a longer one
 MAX_CRITERIA = 20_000
+# the csv module refuses a field past 131,072 characters by default (one limit for the whole process): a cell
+# as long as the file may be is read here, and its length checked as a JSON Lines line's is
+csv.field_size_limit(max(csv.field_size_limit(), MAX_BYTES))
 
 
 class Unreadable(ValueError):
@@ -228,21 +232,21 @@ def _loads(text: str):
 
 
 def value_problem(value) -> str | None:
-    """What the database or the graders cannot take in a parsed JSON value (None when nothing): a NUL in a
-    string or a key, a NaN or infinite number, nesting deeper than MAX_JSON_DEPTH."""
+    """What the database or the graders cannot take in a parsed JSON value (None when nothing): a NUL or half a
+    surrogate pair in a string or a key, a NaN or infinite number, nesting deeper than MAX_JSON_DEPTH."""
     stack = [(value, 1)]
     while stack:
         current, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
             return f"nested too deeply (more than {MAX_JSON_DEPTH} levels)"
-        if isinstance(current, str) and NUL in current:
-            return NUL_MESSAGE
+        if isinstance(current, str) and (problem := text_problem(current)):
+            return problem
         if isinstance(current, float) and not math.isfinite(current):
             return "numbers must be finite"
         if isinstance(current, dict):
             for key, item in current.items():
-                if NUL in str(key):
-                    return NUL_MESSAGE
+                if problem := text_problem(str(key)):
+                    return problem
                 stack.append((item, depth + 1))
         elif isinstance(current, list):
             stack.extend((item, depth + 1) for item in current)
@@ -250,7 +254,8 @@ def value_problem(value) -> str | None:
 
 
 def _name(key) -> str:
-    text = str(key).replace(NUL, "")[:100]
+    """An unknown key as the report may name it: without the characters that cannot be stored or encoded."""
+    text = "".join(char for char in str(key)[:100] if not text_problem(char))
     return text or "key"
 
 

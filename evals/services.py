@@ -54,17 +54,31 @@ def golden_set_create(*, workspace, name: str, workflow: Workflow | None = None,
 
 def golden_item_add(*, golden_set: GoldenSet, input, expected_output: str = "", scoring_criteria: str = "",
                     rubric=None, tags=None, metadata=None, position: int | None = None) -> GoldenItem:
+    """Add an item (after the set's last one unless `position` is given); EvalError naming the field when an item
+    field is bad, or on "golden_set" when the set already holds EVAL_MAX_ITEMS_PER_SET items."""
     errors = item_errors(input=input, expected_output=expected_output, scoring_criteria=scoring_criteria,
                          rubric=rubric, tags=tags, metadata=metadata)
     if errors:
         raise EvalError(errors)
-    if position is None:
-        last = GoldenItem.objects.filter(golden_set=golden_set).order_by("-position").values_list("position",
-                                                                                                  flat=True).first()
-        position = (last or 0) + 1
-    return GoldenItem.objects.create(golden_set=golden_set, input=input, expected_output=expected_output or "",
-                                     scoring_criteria=scoring_criteria or "", rubric=rubric or [], tags=tags or [],
-                                     metadata=metadata or {}, position=position)
+    with transaction.atomic():
+        _lock_with_room(golden_set, adding=1, field="golden_set")
+        if position is None:
+            last = GoldenItem.objects.filter(golden_set=golden_set).aggregate(last=Max("position"))["last"]
+            position = (last or 0) + 1
+        return GoldenItem.objects.create(golden_set=golden_set, input=input, expected_output=expected_output or "",
+                                         scoring_criteria=scoring_criteria or "", rubric=rubric or [],
+                                         tags=tags or [], metadata=metadata or {}, position=position)
+
+
+def _lock_with_room(golden_set: GoldenSet, *, adding: int, field: str) -> None:
+    """Lock the set's row (two writers cannot both take the last places, nor the same positions) and refuse,
+    naming `field`, items past EVAL_MAX_ITEMS_PER_SET: every comparison holds a set's scores in memory."""
+    GoldenSet.objects.select_for_update().filter(pk=golden_set.pk).values_list("pk").first()
+    limit = eval_settings().max_items_per_set
+    held = GoldenItem.objects.filter(golden_set=golden_set).count()
+    if held + adding > limit:
+        raise EvalError({field: [f"a golden set holds at most {limit:,} items (EVAL_MAX_ITEMS_PER_SET); this one has "
+                                 f"{held:,}, so {adding:,} more would be too many"]})
 
 
 def item_errors(*, input, expected_output, scoring_criteria, rubric, tags, metadata) -> dict[str, list[str]]:
@@ -282,15 +296,16 @@ def reevaluation_schedule_save(*, workspace, cron: str = "0 3 * * *", timezone_n
 
 # ------------------------------------------------------------------------------------------------ import
 
-def golden_items_import(*, golden_set: GoldenSet, items: Iterable[ImportLine],
-                        partial: bool = False) -> tuple[list[GoldenItem], list[dict]]:
+def golden_items_import(*, golden_set: GoldenSet, items: Iterable[ImportLine], partial: bool = False,
+                        field: str = "file") -> tuple[list[GoldenItem], list[dict]]:
     """Append an import's items to `golden_set` after its last item, in line order, in one transaction.
 
     `items` are read by `evals.importing` (`read_file`, `read_objects`), which checked each one (`item_errors`
     and the length caps) and kept its problems: a line with errors is reported, never written. All or nothing:
     a bad line writes nothing unless `partial`, which writes the good ones; no good line writes nothing either
     way. Returns (the items written, {"line", "fields"} for each bad line). The set's row is locked while the
-    positions are taken, so two imports into one set do not interleave."""
+    positions are taken, so two imports into one set do not interleave. Items that would take the set past
+    EVAL_MAX_ITEMS_PER_SET write nothing: EvalError on `field` (what the caller sent them as)."""
     items = list(items)
     good = [item for item in items if not item.errors]
     errors = [item.error_entry() for item in items if item.errors]
@@ -307,7 +322,7 @@ def golden_items_import(*, golden_set: GoldenSet, items: Iterable[ImportLine],
         row.content_hash = item_content_hash(row.input, row.expected_output, row.scoring_criteria, row.rubric)
         rows.append(row)
     with transaction.atomic():
-        GoldenSet.objects.select_for_update().filter(pk=golden_set.pk).values_list("pk").first()
+        _lock_with_room(golden_set, adding=len(rows), field=field)
         last = GoldenItem.objects.filter(golden_set=golden_set).aggregate(last=Max("position"))["last"] or 0
         for position, row in enumerate(rows, start=last + 1):
             row.position = position

@@ -202,7 +202,11 @@ class GoldenSetViewSet(WorkspaceScopedViewSet):
         golden_set = self.get_object()  # a write: the object permission checks the caller's role
         partial = _partial(request)
         field, lines = self._import_lines(request)
-        created, errors = services.golden_items_import(golden_set=golden_set, items=lines, partial=partial)
+        try:
+            created, errors = services.golden_items_import(golden_set=golden_set, items=lines, partial=partial,
+                                                           field=field)
+        except services.EvalError as exc:
+            raise _invalid(exc) from None
         if not created:
             return _import_refused(field, errors)
         body = {"created": len(created), "items": [item.pk for item in created], "errors": errors,

@@ -92,6 +92,58 @@ def test_the_reported_nul_cases(owner_client, workspace):
     assert "user" in assert_error_shape(response, status=400)["fields"]
 
 
+SURROGATE = "\ud800"  # half a surrogate pair: JSON may spell it ("\\ud800"), UTF-8 and Postgres cannot hold it
+
+
+def test_a_lone_surrogate_anywhere_in_a_json_body_is_a_400_naming_the_field(owner_client, ids):
+    problems = []
+    for op in operations():
+        if not op.has_body:
+            continue
+        url = _url(op, ids)
+        for name in list(request_properties(op)) or ["name"]:
+            for value in ({f"k{SURROGATE}": "v"}, {"k": [f"v{SURROGATE}"]}):
+                response = _send(owner_client, op, url, json.dumps({name: value}))
+                problem = _problem(op, (name, value), response)
+                if problem is None and response.status_code == 400 and name not in response.json()["error"].get(
+                        "fields", {}):
+                    problem = f"{op} {name}={value!r}: 400 not naming {name}: {response.json()}"
+                problems.append(problem)
+    assert [p for p in problems if p] == []
+
+
+def test_the_reported_lone_surrogate_cases(api_as, workspace, owner):
+    """Each answered a 500: the item's content hash and the DSL's hash encode the text as UTF-8."""
+    from evals.services import golden_set_create
+    from tests.workflows.conftest import graph, node
+    from workflows.services import workflow_create
+
+    golden = golden_set_create(workspace=workspace, name="surrogates", graders=[{"kind": "contains"}])
+    workflow = workflow_create(workspace=workspace, name="surrogates")
+    owner_client = api_as(owner)
+    imports = f"/api/golden-sets/{golden.pk}/import/"
+    jsonl = (json.dumps({"input": {"text": f"a{SURROGATE}"}}) + "\n").encode()
+    error = assert_error_shape(owner_client.post(imports, data=jsonl, content_type="application/jsonl"), status=400)
+    assert "file" in error["fields"] and "Surrogate" in error["message"], error
+    assert error["errors"] == [{"line": 1, "fields": {"input": ["Surrogate characters are not allowed: U+D800."]}}]
+    unknown_key = (json.dumps({"input": "q", f"colour{SURROGATE}": 1}) + "\n").encode()
+    error = assert_error_shape(owner_client.post(imports, data=unknown_key, content_type="application/jsonl"),
+                               status=400)
+    assert list(error["errors"][0]["fields"]) == ["colour"] and "unknown key" in error["message"], error
+    cases = [
+        (imports, {"items": [{"input": {f"k{SURROGATE}": 1}}]}, "items"),
+        ("/api/golden-items/", {"golden_set": golden.pk, "input": {"text": f"q{SURROGATE}"}}, "input"),
+        (f"/api/workflows/{workflow.pk}/versions/", {"dsl": graph("a", node("a", prompt=f"Answer{SURROGATE}."))},
+         "dsl"),
+        ("/api/evolution-runs/", {"workflow": workflow.pk, "golden_set": golden.pk,
+                                  "config": {f"population{SURROGATE}": 4}}, "config"),
+    ]
+    for url, body, field in cases:
+        response = owner_client.post(url, data=json.dumps(body), content_type="application/json")  # "\\ud800"
+        error = assert_error_shape(response, status=400)
+        assert field in error["fields"] and "Surrogate" in error["message"], (url, error)
+
+
 def test_a_format_suffix_is_never_a_500(owner_client, ids):
     problems = []
     for op in operations(method="get"):

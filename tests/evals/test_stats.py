@@ -1,5 +1,6 @@
 """Fitness and the paired comparison on known data."""
 
+import numpy as np
 import pytest
 
 from evals.stats import fitness, paired_comparison, percentile
@@ -47,3 +48,48 @@ def test_the_interval_is_the_same_for_the_same_data():
 def test_percentiles():
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert percentile([], 95) is None
+
+
+def test_tied_items_do_not_turn_no_difference_into_better():
+    """5 items improved and 9 tied: the zeros are dropped, so the exact test on the 5 decides (p = 2 / 2**5)."""
+    a = [0.5] * 14
+    b = [0.6, 0.7, 0.8, 0.9, 1.0] + [0.5] * 9
+    result = paired_comparison(a, b)
+    assert result.p_value == pytest.approx(0.0625)
+    assert result.verdict == "no significant difference" and not result.significant
+    assert result.n == 14 and result.mean_diff == pytest.approx(1.5 / 14, abs=1e-6)
+
+
+def test_the_p_value_is_scipys_on_the_non_zero_differences():
+    """Seeded random cases with ties, zeros and every sample size the methods switch at (13, 50)."""
+    from scipy.stats import wilcoxon
+
+    rng = np.random.default_rng(20240601)
+    for _ in range(60):
+        n = int(rng.integers(2, 80))
+        a = rng.choice([0.0, 0.25, 0.5, 0.75, 1.0], size=n)
+        b = np.where(rng.random(n) < rng.random(), a, rng.choice([0.0, 0.25, 0.5, 0.75, 1.0], size=n))
+        if rng.random() < 0.5:
+            b = np.clip(b + rng.normal(0, 0.05, size=n).round(3), 0, 1)
+        nonzero = (b - a)[b != a]
+        result = paired_comparison(a.tolist(), b.tolist(), resamples=200)
+        expected = 1.0 if nonzero.size == 0 else float(wilcoxon(nonzero).pvalue)
+        assert result.p_value == pytest.approx(expected, abs=1e-8), (a.tolist(), b.tolist())
+
+
+def test_a_comparison_of_5000_items_stays_within_a_memory_bound():
+    """The web process compares sets of up to EVAL_MAX_ITEMS_PER_SET items: the bootstrap resamples in batches."""
+    import tracemalloc
+
+    rng = np.random.default_rng(7)
+    a = rng.random(5000).round(2)
+    b = np.clip(a + rng.normal(0.01, 0.1, 5000), 0, 1).round(2)
+    tracemalloc.start()
+    try:
+        result = paired_comparison(a.tolist(), b.tolist(), resamples=10_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 * 1024 * 1024, f"peak {peak / 1024 / 1024:.0f} MB"
+    assert result.ci_low < result.mean_diff < result.ci_high
+    assert paired_comparison(a.tolist(), b.tolist(), resamples=10_000) == result  # seeded

@@ -1,26 +1,47 @@
 """Request body parsers that refuse what the database or the Python stack cannot take, as 400s:
-JSON nested deeper than MAX_JSON_DEPTH (the stdlib decoder would raise RecursionError, a 500) and
-NUL characters in any string or key (Postgres text and jsonb cannot store them)."""
+JSON nested deeper than MAX_JSON_DEPTH (the stdlib decoder would raise RecursionError, a 500), and
+in any string or key a NUL character or half a surrogate pair (JSON may spell "\\ud800"; Postgres text
+and jsonb cannot store either, nor can UTF-8 encode the second), with the messages DRF's text fields give."""
 
 from __future__ import annotations
 
+import re
+
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError, ValidationError
+from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 MAX_JSON_DEPTH = 100
 NUL = "\x00"
 NUL_MESSAGE = "Null characters are not allowed."
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATES = ProhibitSurrogateCharactersValidator()  # what every DRF CharField runs
 
 
-def _refuse_nul(field: str) -> ValidationError:
+def text_problem(text: str) -> str | None:
+    """Why `text` cannot be stored, in the words of DRF's text fields (a NUL, half a surrogate pair), or None."""
+    if NUL in text:
+        return NUL_MESSAGE
+    if _SURROGATE.search(text):
+        try:
+            _SURROGATES(text)
+        except ValidationError as exc:
+            return str(exc.detail[0])
+    return None
+
+
+def _refuse(field: str, problem: str) -> ValidationError:
     if NUL in field:
         return ValidationError({"non_field_errors": ["A field name contains a null character."]})
-    return ValidationError({field or "non_field_errors": [NUL_MESSAGE]})
+    if text_problem(field):  # the name cannot be a key of the answer either (it cannot be encoded)
+        return ValidationError({"non_field_errors": [f"A field name holds a character that is not allowed: "
+                                                     f"{problem}"]})
+    return ValidationError({field or "non_field_errors": [problem]})
 
 
 def check_json(data) -> None:
-    """Walk a parsed JSON value without recursion: too deep is a ParseError, a NUL a ValidationError
-    naming the top-level field it is under."""
+    """Walk a parsed JSON value without recursion: too deep is a ParseError, a NUL or a lone surrogate a
+    ValidationError naming the top-level field it is under."""
     stack = [(data, 1, "")]
     while stack:
         value, depth, field = stack.pop()
@@ -29,19 +50,20 @@ def check_json(data) -> None:
         if isinstance(value, dict):
             for key, item in value.items():
                 top = field or key
-                if NUL in key:
-                    raise _refuse_nul(top)
+                if problem := text_problem(key):
+                    raise _refuse(top, problem)
                 stack.append((item, depth + 1, top))
         elif isinstance(value, list):
             stack.extend((item, depth + 1, field) for item in value)
-        elif isinstance(value, str) and NUL in value:
-            raise _refuse_nul(field)
+        elif isinstance(value, str) and (problem := text_problem(value)):
+            raise _refuse(field, problem)
 
 
 def check_form(data) -> None:
     for key, values in data.lists():
-        if NUL in key or any(isinstance(value, str) and NUL in value for value in values):
-            raise _refuse_nul(key)
+        for text in (key, *(value for value in values if isinstance(value, str))):
+            if problem := text_problem(text):
+                raise _refuse(key, problem)
 
 
 class JSONParser(parsers.JSONParser):
