@@ -146,3 +146,19 @@ def test_server_without_usage_is_estimated_not_free(online):
     response, _ = chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()))
     assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0
     assert response.usage.usd_cost > 0
+
+
+def test_in_a_durable_step_a_rate_limit_is_put_off_not_slept(online):
+    from llm.chat import CallPutOff, PutOff
+
+    online.chat_replies = [(429, {**JSON_ERROR, "Retry-After": "8"}, '{"error": {"message": "Rate limit"}}')]
+    with pytest.raises(CallPutOff) as caught:
+        chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()), put_off=PutOff(caller="c1"))
+    assert caught.value.kind == "provider" and caught.value.retry_in == 8.0
+    assert caught.value.reason == "rate limited by openai: retry in 8 s"
+    assert online.sleeps == [] and len(online.chat_payloads) == 1
+    # the policy's retries are counted across the step's tries: the fourth failure is the last
+    online.chat_replies = [(503, JSON_ERROR, '{"error": {"message": "overloaded"}}')]
+    with pytest.raises(TransientChatError, match=r"after 4 attempts.*overloaded"):
+        chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()), put_off=PutOff(caller="c1", retries_done=3))
+    assert online.sleeps == []
