@@ -86,9 +86,10 @@ def deferrals(kind: str) -> int:
 def release_connection() -> None:
     """Give this thread's database connection back (to the process's pool) before a long wait outside
     the database, such as a provider's HTTP latency: a threads pool of many steps then needs only as many
-    connections as are doing database work at once. Inside a transaction (a test's, a caller's) it keeps
-    the connection; the next query takes one again."""
-    if not connection.in_atomic_block:
+    connections as are doing database work at once. Only in a queued step, outside a transaction (a
+    turn keeps its connection: its cursors are on it; a test's transaction must stay open); the next
+    query takes one again."""
+    if _current_step.get() is not None and not connection.in_atomic_block:
         connection.close()
 
 
