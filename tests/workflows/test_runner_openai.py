@@ -92,6 +92,46 @@ def test_a_provider_error_is_recorded_on_the_node_and_the_invocation(chat_server
     assert ran.status == "failed" and "does not exist" in ran.error
 
 
+@pytest.mark.django_db
+def test_a_usd_budget_binds_on_queued_model_calls(chat_server, make_version, invoke):
+    """Model calls to a real provider are queued steps; the budget checked around each still binds:
+    the first call overspends, the invocation fails and the second node's call is never made."""
+    chat_server.chat_replies = [{"content": "a long answer", "usage": {"prompt_tokens": 5_000,
+                                                                       "completion_tokens": 2_000}}]
+    version = make_version(_sequential("First node.", "Second node."))
+    invocation = invoke(version, {"text": "expensive"}, usd_budget="0.0001")
+    assert invocation.status == "failed" and invocation.error.startswith("USD budget exceeded")
+    assert len(chat_server.chat_payloads) == 1
+    (call,) = StepCheckpoint.objects.filter(run_id=invocation.durable_run_id, name__contains=":llm:")
+    assert call.queue == "llm"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_invocation_makes_no_new_model_call(chat_server, make_version):
+    """The invocation is cancelled while its first call is at the provider: that answer is not used
+    and no further call is made."""
+    from durable.inprocess import run_until_settled
+    from workflows.models import WorkflowInvocation
+    from workflows.services import invocation_cancel
+
+    original = chat_server.routes["/v1/chat/completions"]
+
+    def cancel_during_the_call(handler, body):
+        try:
+            invocation_cancel(invocation=WorkflowInvocation.objects.get(pk=invocation.pk), reason="stop")
+        finally:
+            db_connection.close()  # the server thread's own connection
+        return original(handler, body)
+
+    chat_server.routes["/v1/chat/completions"] = cancel_during_the_call
+    invocation = invocation_start(version=make_version(_sequential("First node.", "Second node.")),
+                                  input={"text": "x"})
+    run_until_settled(invocation.durable_run_id, max_wait=10)
+    invocation.refresh_from_db()
+    assert invocation.status == "cancelled"
+    assert [body["messages"][0]["content"] for body in chat_server.chat_payloads] == ["First node."]
+
+
 # ------------------------------------------------------------------------------ a worker killed mid-call
 
 @pytest.mark.worker
