@@ -28,6 +28,9 @@ from llm.providers import ProviderLimits, provider_config
 
 WINDOW_SECONDS = 60.0
 CONCURRENCY_RETRY_SECONDS = 1.0
+# a reserved start is this much past the window's edge: the provider saw the start it is spaced from a
+# little later than it was admitted here, and counting from there it would still refuse the call
+MARGIN_SECONDS = 0.5
 
 _ADMIT = """
 local t = redis.call('TIME')
@@ -54,7 +57,7 @@ if per_minute > 0 then
     local at = now
     if count >= per_minute then
       local nth = redis.call('ZRANGE', KEYS[2], count - per_minute, count - per_minute, 'WITHSCORES')
-      at = math.max(now, tonumber(nth[2]) + window)
+      at = math.max(now, tonumber(nth[2]) + window + tonumber(ARGV[7]))
     end
     redis.call('ZADD', KEYS[2], at, holder)
     redis.call('EXPIRE', KEYS[2], math.ceil(at - now + 2 * window))
@@ -124,7 +127,7 @@ def admit(provider: str, model: str, *, caller: str = "") -> Admission:
     admitted, wait, kind = _script(settings.REDIS_URL, os.getpid())(
         keys=[f"{prefix}:holders", f"{prefix}:starts", f"{prefix}:reserved:{caller}"],
         args=[limits.max_concurrency or 0, limits.requests_per_minute or 0, holder,
-              float(settings.LLM_TIMEOUT_SECONDS) + 10.0, WINDOW_SECONDS, CONCURRENCY_RETRY_SECONDS])
+              float(settings.LLM_TIMEOUT_SECONDS) + 10.0, WINDOW_SECONDS, CONCURRENCY_RETRY_SECONDS, MARGIN_SECONDS])
     if int(admitted):
         return Admission(admitted=True, holder=holder if limits.max_concurrency else "", scope=scope)
     kind = kind.decode() if isinstance(kind, bytes) else kind
