@@ -332,7 +332,8 @@ def test_an_llm_worker_keeps_many_calls_in_flight_on_a_pool_of_two_connections(m
         workers[1].kill()  # the llm worker again, with its pool and an application name to count it by
         workers[1].wait(10)
         workers[1] = worker("pool-llm", server.url("/v1"), queues="llm", pool="threads", concurrency=24,
-                            DATABASE_POOL_MAX_SIZE="2", DATABASE_POOL_MIN_SIZE="1", PGAPPNAME=app)
+                            DATABASE_POOL_MAX_SIZE="2", DATABASE_POOL_MIN_SIZE="1", PGAPPNAME=app,
+                            DURABLE_STEP_DEFAULT_TIMEOUT="15")
         connections = []
         try:
             deadline = time.monotonic() + 120

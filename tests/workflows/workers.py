@@ -44,7 +44,10 @@ def llm_worker(name: str, base_url: str) -> subprocess.Popen:
 
 def split_workers(name: str, base_url: str, *, in_flight: int = 32, **env: str) -> list[subprocess.Popen]:
     """The platform's layout: turns and steps on one prefork process, model calls on a threads-pool
-    worker keeping up to `in_flight` calls at once (as `make run` starts them)."""
+    worker keeping up to `in_flight` calls at once (as `make run` starts them). A call's step may be
+    silent for 15 s (a loaded machine slows many calls at once; a shorter clock would hand calls still
+    in flight to another thread, which asks the provider again)."""
+    env = {"DURABLE_STEP_DEFAULT_TIMEOUT": "15", **env}
     return [worker(f"{name}-turns", base_url, queues="turns,steps", **env),
             worker(f"{name}-llm", base_url, queues="llm", pool="threads", concurrency=in_flight,
                    LLM_MAX_IN_FLIGHT=str(in_flight), **env)]
