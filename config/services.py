@@ -6,7 +6,7 @@ Ctrl-C included. A server left running by a supervisor that was killed is found
 through its pid file and reused (Postgres) or stopped (Redis), never left to block
 the next start.
 
-    python -m config.services run                    # make run: migrate, seed, web + worker + beat
+    python -m config.services run                    # make run: migrate, seed, web + workers + beat
     python -m config.services exec -- pytest -x      # any command with the services up
     python -m config.services exec --data .data/test --fast -- pytest
 
@@ -329,14 +329,23 @@ def gunicorn_command(python: str, host: str, port: int, *, workers: int, threads
             "--access-logfile", "-"]
 
 
-def connection_budget(*, web_workers: int, celery_processes: int) -> str:
-    """The most Postgres connections web, worker and beat can hold: one pool per process."""
+def connection_budget(*, web_workers: int, celery_processes: int, llm_processes: int = 0) -> str:
+    """The most Postgres connections web, workers and beat can hold: one pool per process (an llm worker
+    is one process, whatever its threads)."""
     pool = int(os.environ.get("DATABASE_POOL_MAX_SIZE") or 4)
     if pool == 0:
         return "Postgres connections: no pool (DATABASE_POOL_MAX_SIZE=0), one per thread"
-    total = (web_workers + celery_processes + 1) * pool
-    return (f"Postgres connections: at most {total} ({web_workers} web + {celery_processes} Celery + 1 beat "
+    total = (web_workers + celery_processes + llm_processes + 1) * pool
+    llm = f" + {llm_processes} llm worker" if llm_processes else ""
+    return (f"Postgres connections: at most {total} ({web_workers} web + {celery_processes} Celery{llm} + 1 beat "
             f"processes x a pool of {pool})")
+
+
+def llm_worker_command(python: str, *, in_flight: int, queue: str = "llm") -> list[str]:
+    """The worker of model calls: one process, a threads pool of `in_flight` (each thread waits on a
+    provider, not on the CPU), so many calls are in flight while turns stay on the prefork worker."""
+    return [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO", "-Q", queue, "--pool", "threads",
+            "--concurrency", str(in_flight), "--hostname", "llm@%h"]
 
 
 def _run_checked(command: list[str], env: dict[str, str]) -> None:
@@ -391,19 +400,24 @@ def command_run(args: argparse.Namespace) -> int:
         # web side can hold are bounded (each process's pool, DATABASE_POOL_MAX_SIZE) whatever the traffic
         supervisor.spawn("web", gunicorn_command(python, host, port, workers=args.web_workers,
                                                  threads=args.web_threads), env)
+        # turns, steps and the tick on prefork processes; model calls on a worker of their own, so a slow
+        # provider never holds a turn worker nor delays the tick
         supervisor.spawn("worker", [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
                                     "--concurrency", str(args.concurrency), "-Q", args.queues,
                                     "--hostname", "worker@%h"], env)
+        supervisor.spawn("llm-worker", llm_worker_command(python, in_flight=args.llm_in_flight), env)
         supervisor.spawn("beat", [python, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO",
                                   "--schedule", str(supervisor.data_dir / "celerybeat-schedule")], env)
-        _say(connection_budget(web_workers=args.web_workers, celery_processes=args.concurrency + 1))
+        _say(connection_budget(web_workers=args.web_workers, celery_processes=args.concurrency + 1,
+                               llm_processes=1))
+        _say(f"Model calls: up to {args.llm_in_flight} in flight on the llm worker (LLM_MAX_IN_FLIGHT)")
         time.sleep(1.0)
         _say(f"Admin:     http://{host}:{port}/admin/")
         _say(f"API docs:  http://{host}:{port}/api/docs/")
         password_file = supervisor.data_dir / "admin-password"
         if password_file.exists():
             _say(f"Login:     admin / {password_file.read_text().strip()}")
-        _say("Web, worker and beat are running. Press Ctrl-C to stop everything.")
+        _say("Web, workers and beat are running. Press Ctrl-C to stop everything.")
         while True:
             for name, process in supervisor.children:
                 if process.poll() is not None:
@@ -411,7 +425,7 @@ def command_run(args: argparse.Namespace) -> int:
                     return 1
             time.sleep(0.5)
     except _Stop:
-        _say("Stopping web, worker, beat and the embedded services...")
+        _say("Stopping web, workers, beat and the embedded services...")
         return 0
     except ServiceError as exc:
         _say(f"error: {exc}")
@@ -475,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--concurrency", type=int, default=2)
     run.add_argument("--web-workers", type=int, default=int(os.environ.get("LINEAGE_WEB_WORKERS", "2")))
     run.add_argument("--web-threads", type=int, default=int(os.environ.get("LINEAGE_WEB_THREADS", "4")))
-    run.add_argument("--queues", default="celery,turns,steps,llm,ingest")
+    run.add_argument("--queues", default="celery,turns,steps,ingest")
+    run.add_argument("--llm-in-flight", type=int, default=int(os.environ.get("LLM_MAX_IN_FLIGHT") or 64))
     run.set_defaults(func=command_run)
     ex = sub.add_parser("exec", help="run a command with the services up")
     ex.add_argument("--fast", action="store_true", help="tests: Postgres without fsync, Redis without persistence")

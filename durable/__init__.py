@@ -2,8 +2,9 @@
 step checkpoints in Postgres, executed by Celery workers. Knows nothing about agents."""
 
 from durable.context import Child, Step
-from durable.errors import ChildFailed, FanFailed, StepFailed
+from durable.errors import ChildFailed, FanFailed, StepFailed, TryLater
 from durable.registry import workflow
-from durable.steps import heartbeat
+from durable.steps import deferrals, heartbeat, release_connection
 
-__all__ = ["Child", "ChildFailed", "FanFailed", "Step", "StepFailed", "heartbeat", "workflow"]
+__all__ = ["Child", "ChildFailed", "FanFailed", "Step", "StepFailed", "TryLater", "deferrals", "heartbeat",
+           "release_connection", "workflow"]

@@ -40,6 +40,20 @@ class FanFailed(DurableError):
         super().__init__(f"{len(failures)} of {len(results)} fan items failed; first: {first}")
 
 
+class TryLater(DurableError):
+    """Raised by a queued step that cannot do its work now (a provider's rate limit, a concurrency cap):
+    the step goes back to pending and is dispatched again in `after` seconds, on a durable timer, with
+    no worker held meanwhile. Not a failure: it spends none of the step's retries. `reason` is shown on
+    the step while it waits; `kind` names what put it off (``deferrals(kind)`` counts them inside the
+    step). A step put off for longer than DURABLE_STEP_MAX_DEFER_SECONDS in a row fails with the reason."""
+
+    def __init__(self, reason: str, *, after: float, kind: str = "later"):
+        super().__init__(reason)
+        self.reason = reason
+        self.after = max(0.0, float(after))
+        self.kind = kind
+
+
 class TurnInterrupted(DurableError):
     """A turn stopped because the engine's own database write failed (raised to the Celery task,
     which retries it; the run itself is released for a later turn, never failed)."""

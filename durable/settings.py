@@ -18,6 +18,7 @@ class DurableSettings:
     default_step_queue: str
     turn_queue: str
     step_default_timeout: float
+    step_max_defer_seconds: float
 
 
 def durable_settings() -> DurableSettings:
@@ -33,4 +34,5 @@ def durable_settings() -> DurableSettings:
         default_step_queue=getattr(settings, "DURABLE_STEP_QUEUE", "steps"),
         turn_queue=getattr(settings, "DURABLE_TURN_QUEUE", "turns"),
         step_default_timeout=float(getattr(settings, "DURABLE_STEP_DEFAULT_TIMEOUT", 300.0)),
+        step_max_defer_seconds=float(getattr(settings, "DURABLE_STEP_MAX_DEFER_SECONDS", 3600.0)),
     )

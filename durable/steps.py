@@ -8,6 +8,11 @@ never times out while it waits in a live worker and starts with its whole allowa
 running step's clock is re-armed only by its heartbeats. Results are saved whenever a second
 has passed since the last save and at the end of the chunk. A step that timed out before the
 keeper reached it was handed to another worker: this worker skips it.
+
+A step that raises ``TryLater`` is put off: back to pending with its wake time, the reason in its
+error, its deferrals counted in its options (none of its retries spent). Everything here is per
+call or per thread (the step's scope is a context variable, the chunk's clocks are the keeper's,
+under its lock), so a threads pool may run many chunks of a process at once.
 """
 
 from __future__ import annotations
@@ -18,14 +23,14 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import DatabaseError, OperationalError, connection
 
 from durable import store
 from durable.codec import decode, encode
 from durable.context import backoff_delay, error_payload, now
-from durable.errors import DurableError
+from durable.errors import DurableError, TryLater
 from durable.leases import keeper
 from durable.registry import resolve_callable
 from durable.settings import durable_settings
@@ -40,6 +45,7 @@ class _StepScope:
     attempt: int
     timeout: float | None
     last_persist: float = 0.0
+    deferrals: dict | None = None
 
 
 _current_step: contextvars.ContextVar[_StepScope | None] = contextvars.ContextVar("durable_step", default=None)
@@ -69,6 +75,22 @@ def heartbeat(progress=None) -> None:
         logger.warning("durable: step %s: a heartbeat could not be written (%s)", scope.step_id, exc)
         if not connection.in_atomic_block:
             connection.close_if_unusable_or_obsolete()
+
+
+def deferrals(kind: str) -> int:
+    """How many times the running queued step was put off by a ``TryLater`` of `kind` (0 outside one)."""
+    scope = _current_step.get()
+    return int((scope.deferrals or {}).get(kind, 0)) if scope is not None else 0
+
+
+def release_connection() -> None:
+    """Give this thread's database connection back (to the process's pool) before a long wait outside
+    the database, such as a provider's HTTP latency: a threads pool of many steps then needs only as many
+    connections as are doing database work at once. Only in a queued step, outside a transaction (a
+    turn keeps its connection: its cursors are on it; a test's transaction must stay open); the next
+    query takes one again."""
+    if _current_step.get() is not None and not connection.in_atomic_block:
+        connection.close()
 
 
 def execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
@@ -133,22 +155,48 @@ def _settle_with_retries(run_id: str, pending: list[tuple], attempts: int = 3) -
 
 
 def _run_step(run_id, step_id, seq, name, input_text, options, attempt, timeout) -> tuple:
-    """Run one claimed step; returns its settlement (id, attempt, status, output, error, retry_at, started)."""
-    scope = _StepScope(step_id, attempt, timeout)
+    """Run one claimed step; returns its settlement (id, attempt, status, output, error, retry_at, started,
+    options patch)."""
+    scope = _StepScope(step_id, attempt, timeout, deferrals=options.get("deferrals"))
     token = _current_step.set(scope)
     started = now()
+    # a step that ran after being put off starts a new spell: its next deferral counts from then
+    patch = json.dumps({"deferred_since": None}) if options.get("deferred_since") else None
     try:
         payload = decode(input_text, column="checkpoint.input", row=f"{run_id}#{seq}")
         if not isinstance(payload, dict) or "fn" not in payload:
             raise DurableError(f"step {name!r} has no readable input (undecodable payload)")
         result = resolve_callable(payload["fn"])(*payload.get("args", []))
-        return (step_id, attempt, StepStatus.COMPLETED, encode(result), "", None, started)
+        return (step_id, attempt, StepStatus.COMPLETED, encode(result), "", None, started, patch)
+    except TryLater as exc:
+        return _put_off(step_id, attempt, options, exc, started)
     except Exception as exc:
         error = encode(error_payload(exc))
-        retries_left = int(options.get("retries", 0)) - (attempt - 1)
+        spent = attempt - 1 - sum((options.get("deferrals") or {}).values())
+        retries_left = int(options.get("retries", 0)) - spent
         if retries_left > 0:
-            wake_at = now() + timedelta(seconds=backoff_delay(options, attempt))
-            return (step_id, attempt, StepStatus.PENDING, "", error, wake_at, started)
-        return (step_id, attempt, StepStatus.FAILED, "", error, None, started)
+            wake_at = now() + timedelta(seconds=backoff_delay(options, spent + 1))
+            return (step_id, attempt, StepStatus.PENDING, "", error, wake_at, started, patch)
+        return (step_id, attempt, StepStatus.FAILED, "", error, None, started, patch)
     finally:
         _current_step.reset(token)
+
+
+def _put_off(step_id, attempt, options, exc: TryLater, started) -> tuple:
+    """The settlement of a step that raised TryLater: pending until `exc.after` from now, or failed once
+    it has been put off for longer than DURABLE_STEP_MAX_DEFER_SECONDS in a row."""
+    clock = now()
+    since = datetime.fromisoformat(options["deferred_since"]) if options.get("deferred_since") else clock
+    limit = durable_settings().step_max_defer_seconds
+    waited = (clock - since).total_seconds()
+    if waited + exc.after > limit:
+        error = encode({"type": "PutOffTooLong", "message": (
+            f"put off for {waited:.0f} s in a row, and the next try would pass DURABLE_STEP_MAX_DEFER_SECONDS "
+            f"({limit:g} s): {exc.reason}")})
+        return (step_id, attempt, StepStatus.FAILED, "", error, None, started, None)
+    counts = dict(options.get("deferrals") or {})
+    counts[exc.kind] = int(counts.get(exc.kind, 0)) + 1
+    wake_at = clock + timedelta(seconds=exc.after)
+    error = encode({"type": "TryLater", "kind": exc.kind, "message": exc.reason, "until": wake_at.isoformat()})
+    patch = json.dumps({"deferrals": counts, "deferred_since": since.isoformat()})
+    return (step_id, attempt, StepStatus.PENDING, "", error, wake_at, started, patch)

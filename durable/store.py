@@ -564,10 +564,11 @@ def steps_rearm(steps: Sequence[tuple[int, int]], *, grace_seconds: float) -> se
 def steps_settle(run_id: str, settlements: list[tuple]) -> list[tuple]:
     """Settle results of one run's claimed steps and wake the run, in one transaction.
 
-    Each settlement is (id, attempt, status, output, error, retry_wake_at, started_at): a
-    compare-and-set on the checkpoint's id, attempt and running status that never rewrites the
-    input. The run's row is locked first (the lock order), which also serialises the fan join
-    check of concurrent settlers. The wake (a finished sequential step, any failure, or a fan with
+    Each settlement is (id, attempt, status, output, error, retry_wake_at, started_at[, options
+    patch]): a compare-and-set on the checkpoint's id, attempt and running status that never rewrites
+    the input (the patch, JSON merged into the options, counts a put-off step's deferrals). The run's
+    row is locked first (the lock order), which also serialises the fan join check of concurrent
+    settlers. The wake (a finished sequential step, any failure, or a fan with
     nothing left open) commits with the settle, so a crash after commit loses nothing.
     Returns the settled (seq, status, group) rows."""
     settled: list[tuple] = []
@@ -575,14 +576,16 @@ def steps_settle(run_id: str, settlements: list[tuple]) -> list[tuple]:
         if not lock_runs([run_id]):
             return []  # the run ended: its open steps were cancelled with it
         for start in range(0, len(settlements), 200):
-            chunk = settlements[start:start + 200]
-            values = ", ".join(["(%s::bigint, %s::int, %s, %s, %s, %s::timestamptz, %s::timestamptz)"] * len(chunk))
+            chunk = [row if len(row) == 8 else (*row, None) for row in settlements[start:start + 200]]
+            values = ", ".join(["(%s::bigint, %s::int, %s, %s, %s, %s::timestamptz, %s::timestamptz, %s::jsonb)"]
+                               * len(chunk))
             cursor.execute(
                 f"""UPDATE {CP_TABLE} AS cp
                         SET status = v.status, output = v.output, error = v.error, wake_at = v.wake_at,
                             timeout_at = NULL, started_at = COALESCE(v.started_at, cp.started_at),
+                            options = COALESCE(cp.options || v.patch, cp.options),
                             completed_at = CASE WHEN v.status IN ('completed', 'failed') THEN statement_timestamp() END
-                        FROM (VALUES {values}) AS v(id, attempt, status, output, error, wake_at, started_at)
+                        FROM (VALUES {values}) AS v(id, attempt, status, output, error, wake_at, started_at, patch)
                         WHERE cp.id = v.id AND cp.attempt = v.attempt AND cp.status = 'running'
                         RETURNING cp.seq, cp.status, cp.parallel_group""",
                 [value for row in chunk for value in row],

@@ -33,6 +33,7 @@ import hashlib
 import json
 import logging
 import re
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -57,9 +58,22 @@ class TransientChatError(ChatError):
     """Rate limits, timeouts, lost connections or 5xx answers (still failing after the retries when
     `chat()` raises it). `retry_after` is the server's Retry-After in seconds, when it sent one."""
 
-    def __init__(self, message: str, *, retry_after: float | None = None):
+    def __init__(self, message: str, *, retry_after: float | None = None, rate_limited: bool = False):
         super().__init__(message)
         self.retry_after = retry_after
+        self.rate_limited = rate_limited  # a 429
+
+
+class CallPutOff(Exception):
+    """A call asked not to wait (``chat(..., put_off=...)``) that cannot be made now: a provider limit
+    (`kind` "limit": the call was not made) or a rate limit / transient failure the retry policy says to
+    try again after (`kind` "provider"). `retry_in` seconds; `reason` says why, for the operator."""
+
+    def __init__(self, reason: str, *, retry_in: float, kind: str):
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_in = retry_in
+        self.kind = kind
 
 
 class UnknownModel(ChatError):
@@ -319,12 +333,37 @@ def get_chat_provider(resolved: ResolvedModel) -> ChatProvider:
     return _openai_provider(resolved.provider, resolved.base_url, resolved.api_key, settings.LLM_TIMEOUT_SECONDS)
 
 
+class _NotAdmitted(Exception):
+    def __init__(self, admission):
+        self.admission = admission
+
+
+def _attempt(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel, caller: str) -> ChatResponse:
+    """One attempt, inside the provider's limits (llm/limits.py) when it has any."""
+    from llm import limits
+
+    _scope, configured = limits.scope_of(resolved.provider, resolved.model)
+    if not limits.limited(configured):
+        return provider.complete(request, resolved)
+    admission = limits.admit(resolved.provider, resolved.model, caller=caller)
+    if not admission.admitted:
+        raise _NotAdmitted(admission)
+    try:
+        return provider.complete(request, resolved)
+    finally:
+        limits.release(admission)
+
+
 def _complete_with_retries(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel) -> ChatResponse:
+    """Outside durable steps: wait in this thread for a provider limit, and between retries."""
     policy = RetryPolicy.from_settings()
+    caller = uuid.uuid4().hex
     attempt = 0
     while True:
         try:
-            return provider.complete(request, resolved)
+            return _attempt(provider, request, resolved, caller)
+        except _NotAdmitted as refused:
+            wait(refused.admission.wait)
         except TransientChatError as exc:
             attempt += 1
             delay = policy.delay(attempt, retry_after=exc.retry_after)
@@ -336,7 +375,39 @@ def _complete_with_retries(provider: ChatProvider, request: ChatRequest, resolve
             wait(delay)
 
 
-def chat(request: ChatRequest, *, cache=None) -> tuple[ChatResponse, bool]:
+def _complete_or_put_off(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel,
+                         put_off: PutOff) -> ChatResponse:
+    """In a durable step: one attempt; anything to wait for raises CallPutOff instead of sleeping."""
+    try:
+        return _attempt(provider, request, resolved, put_off.caller)
+    except _NotAdmitted as refused:
+        admission = refused.admission
+        raise CallPutOff(f"{admission.reason}: retry in {_seconds(admission.wait)}", retry_in=admission.wait,
+                         kind="limit") from None
+    except TransientChatError as exc:
+        retry = put_off.retries_done + 1
+        delay = RetryPolicy.from_settings().delay(retry, retry_after=exc.retry_after)
+        if delay is None:
+            raise TransientChatError(f"{resolved.provider} model {resolved.model!r} failed after {retry} "
+                                     f"attempts: {exc}", retry_after=exc.retry_after) from exc
+        what = f"rate limited by {resolved.provider}" if exc.rate_limited else f"{resolved.provider}: {exc}"
+        raise CallPutOff(f"{what}: retry in {_seconds(delay)}", retry_in=delay, kind="provider") from exc
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 1.5 else f"{value:.1f} s"
+
+
+@dataclass(frozen=True)
+class PutOff:
+    """How a durable step asks ``chat()`` not to wait: `caller` names the call across its tries (its
+    reserved start under a rate limit), `retries_done` is how many provider failures it has had."""
+
+    caller: str
+    retries_done: int = 0
+
+
+def chat(request: ChatRequest, *, cache=None, put_off: PutOff | None = None) -> tuple[ChatResponse, bool]:
     """Answer `request`: returns (response, True) from `cache` or (response, False) from the provider.
 
     `cache` (optional) has get(key) -> dict | None and put(key, request, response); it is asked only for
@@ -344,7 +415,10 @@ def chat(request: ChatRequest, *, cache=None) -> tuple[ChatResponse, bool]:
     recording usage (the response keeps its original usage, so callers see what it cost). A provider
     call retries transient errors (LLM_MAX_RETRIES, Retry-After or capped exponential backoff) and
     records its usage with `llm.usage.record_usage`. The response, cached or not, is cleaned by
-    `clean_response` (no NUL, no lone surrogate). Raises UnknownModel, ChatError, TransientChatError."""
+    `clean_response` (no NUL, no lone surrogate). A provider's limits (``max_concurrency``,
+    ``requests_per_minute``) are waited for. With `put_off` (a durable step) nothing is waited for in this
+    thread: a limit, or a failure the retry policy would retry, raises CallPutOff with how long to wait.
+    Raises UnknownModel, ChatError, TransientChatError (and CallPutOff)."""
     resolved = resolve_model(request.model)
     key = _cache_key(request, resolved) if cache is not None and request.cacheable() else None
     if key is not None:
@@ -352,7 +426,10 @@ def chat(request: ChatRequest, *, cache=None) -> tuple[ChatResponse, bool]:
         if hit is not None:
             return clean_response(ChatResponse.from_dict(hit)), True
     provider = get_chat_provider(resolved)
-    response = clean_response(_complete_with_retries(provider, request, resolved))
+    if put_off is not None:
+        response = clean_response(_complete_or_put_off(provider, request, resolved, put_off))
+    else:
+        response = clean_response(_complete_with_retries(provider, request, resolved))
     record_usage(response.usage)
     if key is not None:
         cache.put(key, request, response)

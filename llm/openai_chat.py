@@ -61,7 +61,8 @@ class OpenAIChatProvider(ChatProvider):
         except (openai.RateLimitError, openai.APITimeoutError, openai.APIConnectionError,
                 openai.InternalServerError) as exc:
             raise TransientChatError(f"{type(exc).__name__}: {_server_message(exc)}",
-                                     retry_after=retry_after_of(exc)) from exc
+                                     retry_after=retry_after_of(exc),
+                                     rate_limited=isinstance(exc, openai.RateLimitError)) from exc
         except openai.APIStatusError as exc:
             message = f"{self.name} refused the chat request ({exc.status_code}): {_server_message(exc)}"
             if exc.status_code in _TRANSIENT_STATUSES:

@@ -464,7 +464,8 @@ def timeline(invocation: WorkflowInvocation, nodes: list[NodeInvocation]) -> dic
         left = min(max((start - origin).total_seconds() / total * 100, 0), 100)
         width = min(max((end - start).total_seconds() / total * 100, 0.4), 100 - left if left < 100 else 0.4)
         bars.append({
-            "seq": node.seq, "node_id": node.node_id, "status": node.status, "label": node.get_status_display(),
+            "seq": node.seq, "node_id": node.node_id, "status": "throttled" if node.throttled else node.status,
+            "label": f"Throttled: {node.throttle_reason}" if node.throttled else node.get_status_display(),
             "left": f"{left:.3f}", "width": f"{width:.3f}", "open": node.ended_at is None,
             "offset": seconds_text((start - origin).total_seconds()) if node.started_at else "-",
             "duration": seconds_text((end - start).total_seconds()) if node.started_at else "-",
@@ -521,7 +522,8 @@ def node_view(node: NodeInvocation, node_messages: list[dict], can_act: bool) ->
     sent = approval.get("sent") if approval and isinstance(approval.get("sent"), dict) else None
     decided = approval if approval and not approval.get("pending") and approval.get("decision") else None
     return {
-        "seq": node.seq, "node_id": node.node_id, "status": node.status, "status_label": node.get_status_display(),
+        "seq": node.seq, "node_id": node.node_id, "status": "throttled" if node.throttled else node.status,
+        "status_label": f"Throttled: {node.throttle_reason}" if node.throttled else node.get_status_display(),
         "model": node.model, "attempt": node.attempt,
         "input_tokens": node.input_tokens, "output_tokens": node.output_tokens, "usd_cost": usd(node.usd_cost),
         "llm_calls": node.llm_calls, "cache_hits": node.cache_hits, "tool_calls": node.tool_calls,

@@ -14,6 +14,8 @@ class WorkflowSettings:
     summary_chars: int  # characters of a stored output the node (and a node invocation's summary) shows
     llm_cache_enabled: bool  # the Postgres cache of identical temperature-0 calls (LlmCall)
     max_tool_calls: int  # tool calls one model answer may ask for (more fails the node before any runs)
+    llm_queue: str  # the Celery queue of model calls and MCP tool calls (LLM_QUEUE)
+    call_timeout: float  # the longest silence of one such call's step before the tick hands it to another worker
 
 
 def workflow_settings() -> WorkflowSettings:
@@ -24,4 +26,8 @@ def workflow_settings() -> WorkflowSettings:
         summary_chars=int(getattr(settings, "WORKFLOW_SUMMARY_CHARS", 600)),
         llm_cache_enabled=bool(getattr(settings, "LLM_CACHE_ENABLED", True)),
         max_tool_calls=int(getattr(settings, "WORKFLOW_MAX_TOOL_CALLS", 16)),
+        llm_queue=getattr(settings, "LLM_QUEUE", "llm"),
+        # one try is one HTTP call (a retry is a new try): a killed worker's call is asked again this soon
+        call_timeout=min(float(getattr(settings, "DURABLE_STEP_DEFAULT_TIMEOUT", 300.0)),
+                         float(getattr(settings, "LLM_TIMEOUT_SECONDS", 60)) + 30.0),
     )

@@ -5,7 +5,9 @@ hand-offs decide what runs next, until no node is left to run.
 
 - A node is an agent loop: a model call, then the tool calls it asked for, up to `maxSteps`
   rounds (the last round offers no tools, so the model answers). Every model call and every tool
-  call is its own checkpointed step: a crash never pays for a completed call twice.
+  call is its own checkpointed step: a crash never pays for a completed call twice. Model calls and
+  MCP tool calls are queued steps (LLM_QUEUE, served by a threads-pool worker), so the turn is
+  suspended, and no turn worker held, while a provider answers; the offline model answers in the turn.
 - Hand-offs: `sequential` runs its targets one after another; `parallel` runs them at once, each
   as a child run (``workflows.node``) joined with ``ctx.all``; `conditional` asks the model to
   choose one target (or `end`) through a structured answer, and a choice outside the hand-offs
@@ -32,7 +34,8 @@ from decimal import Decimal
 
 from durable import workflow
 from durable.engine import Child, StepFailed
-from llm.chat import ChatResponse, structured_output_format
+from llm.chat import ChatResponse, UnknownModel, resolve_model, structured_output_format
+from llm.providers import OFFLINE_PROVIDER
 from workflows import execution
 from workflows.conf import workflow_settings
 from workflows.dsl import END
@@ -243,7 +246,7 @@ class NodeRun:
     def _call(self, name: str, seq: int, node_pk: int, offset: int, new: list[dict], request: dict):
         self._check_budget()
         result = self.ctx.step(name, execution.llm_call, self.workspace_id, self.invocation_id, node_pk, seq, offset,
-                               new, request)
+                               new, request, **_call_options(request["model"]))
         response = ChatResponse.from_dict(result["response"])
         self.usage["llm_calls"] += 1
         self.model = response.usage.model
@@ -288,9 +291,11 @@ class NodeRun:
             for index, call in enumerate(response.tool_calls):
                 call_dict = {"id": call.id, "name": call.name, "arguments": call.arguments,
                              "raw": getattr(call, "raw", "")}
+                binding = bindings.get(call.name)
+                remote = binding is not None and binding["kind"] == "mcp"
                 result = self.ctx.step(f"node:{seq}:tool:{round_}.{index}", execution.tool_call, self.workspace_id,
                                        self.invocation_id, started["id"], seq, offset, f"{round_}.{index}",
-                                       call_dict, bindings.get(call.name), self.plan["user_id"])
+                                       call_dict, binding, self.plan["user_id"], **_queued() if remote else {})
                 offset += 1
                 self.usage["tool_calls"] += 1
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result["content"]})
@@ -343,6 +348,22 @@ class NodeRun:
             raise InvocationFailed(f"node {node['nodeId']}: the conditional hand-off chose {choice!r}, "
                                    f"not one of {', '.join(handoffs)}")
         return [choice], "delegation"
+
+
+def _queued() -> dict:
+    conf = workflow_settings()
+    return {"queue": conf.llm_queue, "timeout": conf.call_timeout}
+
+
+def _call_options(model: str) -> dict:
+    """A model call waits on the llm queue's worker, not in the turn; the offline model answers in the
+    turn (in well under a millisecond, less than a queue's round trip). Either way the step's name is
+    the same, so a replay under other settings answers from the checkpoint it finds."""
+    try:
+        offline = resolve_model(model).provider == OFFLINE_PROVIDER
+    except UnknownModel:
+        offline = False  # the step fails with the reason, wherever it runs
+    return {} if offline else _queued()
 
 
 def _json_object(text: str) -> dict | None:

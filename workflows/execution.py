@@ -19,13 +19,14 @@ import hashlib
 import json
 import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.db import connection, transaction
 from django.db.models import Subquery
 
-from llm.chat import ChatRequest, ToolSpec, chat, clean_text
+from durable import TryLater, deferrals, release_connection
+from llm.chat import CallPutOff, ChatRequest, PutOff, ToolSpec, chat, clean_text
 from workflows.conf import workflow_settings
 from workflows.llm_cache import ChatCache
 from workflows.models import ContextEntry, Message, NodeInvocation, NodeVersion, WorkflowInvocation
@@ -215,7 +216,7 @@ def node_finish(invocation_id: int, seq: int, fields: dict, node_pk: int | None 
     """Write a node invocation's end (completed, failed or rejected) and the invocation's totals."""
     values = dict(fields)
     handoffs = values.pop("handoffs", None) or []
-    values["ended_at"] = now()
+    values.update(ended_at=now(), throttled_until=None, throttle_reason="")
     for key in ("usd_cost",):
         if key in values:
             values[key] = Decimal(str(values[key]))
@@ -279,13 +280,17 @@ def _refuse_if_ended(invocation_id: int) -> None:
 
 class _PutAfterTranscript:
     """The LLM cache, with its write held back until the transcript holds the answer: a worker that
-    dies in between leaves no cache entry a redo could mistake for a free hit."""
+    dies in between leaves no cache entry a redo could mistake for a free hit. Its read gives the
+    database connection back at once (a miss is followed by the provider's latency)."""
 
     def __init__(self, cache: ChatCache):
         self.cache, self.pending = cache, None
 
     def get(self, key: str):
-        return self.cache.get(key)
+        try:
+            return self.cache.get(key)
+        finally:
+            release_connection()
 
     def put(self, key, request, response) -> None:
         self.pending = (key, request, response)
@@ -303,7 +308,12 @@ def llm_call(workspace_id: int, invocation_id: int, node_invocation_id: int, nod
 
     A step may run again after its worker died past this point: an answer already in the transcript
     at its place is the answer (not paid again, nor counted as a cache hit); an invocation that has
-    ended pays for nothing more."""
+    ended pays for nothing more.
+
+    As a queued step (a real provider) it holds no database connection while the provider answers:
+    reads, connection back to the pool, the call, then the writes. A call that must wait (a provider
+    limit, a 429 or 5xx the retry policy retries) is put off on a durable timer (TryLater), shown on the
+    node as throttled with the reason."""
     answer_seq = message_seq(node_seq, offset + len(new_messages))
     status, recorded = WorkflowInvocation.objects.filter(pk=invocation_id).values_list(
         "status", Subquery(Message.objects.filter(workflow_invocation_id=invocation_id, seq=answer_seq,
@@ -320,9 +330,19 @@ def llm_call(workspace_id: int, invocation_id: int, node_invocation_id: int, nod
         max_tokens=request.get("max_tokens"),
     )
     cache = _PutAfterTranscript(ChatCache(workspace_id)) if workflow_settings().llm_cache_enabled else None
+    put_off = sum(deferrals(kind) for kind in ("limit", "provider"))
+    release_connection()
     started = time.perf_counter()
-    response, hit = chat(chat_request, cache=cache)
+    try:
+        response, hit = chat(chat_request, cache=cache, put_off=PutOff(
+            caller=f"{invocation_id}:{answer_seq}", retries_done=deferrals("provider")))
+    except CallPutOff as exc:
+        NodeInvocation.objects.filter(pk=node_invocation_id).update(
+            throttled_until=now() + timedelta(seconds=exc.retry_in), throttle_reason=exc.reason[:500])
+        raise TryLater(exc.reason, after=exc.retry_in, kind=exc.kind) from None
     elapsed_ms = (time.perf_counter() - started) * 1000
+    if put_off:
+        NodeInvocation.objects.filter(pk=node_invocation_id).update(throttled_until=None, throttle_reason="")
     rows = []
     for message in new_messages:
         rows.append(_conversation_message(invocation_id, node_invocation_id, node_seq, offset, message))

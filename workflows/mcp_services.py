@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from django.db import transaction
 from django.db.models import Prefetch
 
+from durable import release_connection
 from workflows.mcp import Manifest, McpError, ToolResult, mcp_call, mcp_discover
 from workflows.models import McpServer, McpServerVersion, McpTool, UserServerConfig
 from workspaces.models import Workspace
@@ -122,8 +123,9 @@ def mcp_tool_call(*, server: McpServer, tool: str, arguments: dict, user=None, t
     if not McpTool.objects.filter(server_version=active, name=tool).exists():
         raise McpError(f"MCP server {server.slug} has no tool {tool!r} in its active version "
                        f"(manage.py mcp_sync {server.slug} refreshes it)")
-    return mcp_call(server.url, tool, arguments, headers=mcp_headers_for(user=user, server=server),
-                    timeout=timeout)
+    headers = mcp_headers_for(user=user, server=server)
+    release_connection()  # in a queued step: no database connection held while the server answers
+    return mcp_call(server.url, tool, arguments, headers=headers, timeout=timeout)
 
 
 def mcp_available_tools(*, workspace: Workspace | int) -> dict[str, list[McpTool]]:

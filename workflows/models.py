@@ -258,6 +258,9 @@ class NodeInvocation(models.Model):
     error = models.TextField(blank=True, default="")
     # requiresApproval: {"decision": "approve"|"reject", "comment": ..., "by": user id}
     approval = models.JSONField(null=True, blank=True)
+    # a model call of the node waiting on a durable timer (a provider limit, a 429): why, and until when
+    throttled_until = models.DateTimeField(null=True, blank=True)
+    throttle_reason = models.CharField(max_length=500, blank=True, default="")
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
 
@@ -275,6 +278,11 @@ class NodeInvocation(models.Model):
         if self.started_at and self.ended_at:
             return (self.ended_at - self.started_at).total_seconds() * 1000
         return None
+
+    @property
+    def throttled(self) -> bool:
+        """A model call of this running node waits for a provider limit or a rate limit's end."""
+        return self.status == self.Status.RUNNING and self.throttled_until is not None
 
 
 class Message(models.Model):

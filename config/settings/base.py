@@ -202,6 +202,8 @@ SPECTACULAR_SETTINGS = {
         "WorkflowVersionOperationEnum": "workflows.models.WorkflowVersion.Operation",
         "EvalRunStatusEnum": "evals.models.EvalRunStatus",
         "EvalRunOriginEnum": "evals.models.EvalRun.Origin",
+        "VersionActivationKindEnum": "workflows.models.VersionActivation.Kind",
+        "KnowledgeSourceKindEnum": "knowledge.models.KnowledgeSource.Kind",
     },
 }
 

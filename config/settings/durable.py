@@ -19,6 +19,9 @@ DURABLE_WORKFLOW_MODULES = env_list("DURABLE_WORKFLOW_MODULES", [])
 DURABLE_DISPATCH_ENABLED = True
 DURABLE_REDISPATCH_AFTER_SECONDS = env_float("DURABLE_REDISPATCH_AFTER_SECONDS", 30.0, minimum=0.0)
 DURABLE_STEP_DEFAULT_TIMEOUT = env_float("DURABLE_STEP_DEFAULT_TIMEOUT", 300.0, minimum=0.1)
+# A queued step that keeps raising TryLater (a provider's rate limit that never lifts) fails once it has
+# been put off for this long in a row, with the last reason it was given.
+DURABLE_STEP_MAX_DEFER_SECONDS = env_float("DURABLE_STEP_MAX_DEFER_SECONDS", 3600.0, minimum=1.0)
 
 _policies = env_str("DURABLE_RETENTION_POLICIES", "")
 try:

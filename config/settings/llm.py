@@ -15,6 +15,14 @@ LLM_DEFAULT_MODEL = env_str("LLM_DEFAULT_MODEL", "gpt-4.1-mini").strip()
 if LLM_PROVIDER not in ("openai", "offline"):
     raise ImproperlyConfigured(f"LLM_PROVIDER={LLM_PROVIDER!r} is not known: use 'openai' or 'offline'.")
 LLM_TIMEOUT_SECONDS = env_int("LLM_TIMEOUT_SECONDS", 60, minimum=1)
+# Model calls of durable runs (a node's calls, MCP tool calls) are steps of their own on this Celery queue,
+# served by a worker with a threads pool (`make run` starts it: celery worker -Q llm --pool threads
+# --concurrency LLM_MAX_IN_FLIGHT), so a provider's latency never holds a turn worker. Calls to the offline
+# model stay in the turn: they answer in well under a millisecond.
+LLM_QUEUE = env_str("LLM_QUEUE", "llm")
+# Model calls one llm worker process keeps in flight (its threads); they share the process's one pool
+# of DATABASE_POOL_MAX_SIZE connections, each taken only for the call's reads and writes.
+LLM_MAX_IN_FLIGHT = env_int("LLM_MAX_IN_FLIGHT", 64, minimum=1, maximum=1024)
 # Chat calls that hit a rate limit, a timeout, a lost connection or a 5xx answer are retried this many
 # times (so 1 + LLM_MAX_RETRIES attempts), waiting the server's Retry-After or else
 # LLM_RETRY_BACKOFF_SECONDS * 2**(retry - 1) with jitter, never more than LLM_RETRY_BACKOFF_CAP_SECONDS.

@@ -71,3 +71,47 @@ def test_admin_search_renders_the_changelist_and_explains_it():
     before = admin_search.time_case(admins["icontains"], user, "run-0000050", reps=1)
     assert now["rows"] == before["rows"] == 10
     assert "LIKE" in now["sql"].upper() and "Limit" in now["explain"]
+
+
+def test_the_providers_server_limits_a_window_and_the_ceiling_makes_every_call():
+    import openai
+
+    from bench import providers
+
+    with providers.SlowProvider(latency=0.05) as server:
+        result = providers.ceiling(server.url, [[1, 4, 1]] * 3, in_flight=4)
+        assert result["calls"] == 18 and server.answered == 18 and server.peak == 4
+    # past the window a start is refused with a Retry-After
+    with providers.SlowProvider(latency=0.0, per_minute=1) as server:
+        providers.ceiling(server.url, [[1]], in_flight=1)
+        with pytest.raises(openai.RateLimitError):
+            providers.ceiling(server.url, [[1]], in_flight=1)
+        assert server.refused == 1
+    assert providers.window_share([0.0, 1.0, 61.0], per_minute=2) == 0.75
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_the_providers_benchmark_runs_its_scenarios_at_a_tiny_size(settings):
+    import os
+    from urllib.parse import urlsplit, urlunsplit
+
+    from django.db import connection
+
+    from bench import providers
+
+    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-bench"
+    settings.OPENAI_BASE_URL = "http://127.0.0.1:9/v1"
+    name = connection.settings_dict["NAME"]
+    database_url = urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path="/" + name))
+    args = providers.parse(["--latency", "0.2", "--in-flight", "8", "--invocations", "4", "--fans", "1",
+                            "--only", "seq3,fan"])
+    results = providers.run_scenarios(args, database=name, database_url=database_url)
+    seq3, fan = results["scenarios"]
+    assert seq3["calls"] == 12 and seq3["statuses"] == {"completed": 4}
+    assert fan["calls"] == 18 and fan["statuses"] == {"completed": 1}
+    for scenario in (seq3, fan):
+        assert scenario["ceiling"]["calls"] == scenario["calls"] and scenario["ratio"] > 0
+        assert scenario["peak_in_flight"] >= 1 and scenario["peak_postgres_connections"] >= 1
+        assert scenario["peak_worker_rss_mb"] > 0 and scenario["engine_ms_per_call"]["median"] is not None
+    assert set(providers.targets_of(results)) == {"seq3_vs_ceiling", "fan_vs_ceiling"}

@@ -28,6 +28,19 @@ def test_vector_operators_work_at_real_widths_on_this_cpu():
     assert parallel == 50  # every row points the same way as the all-ones vector
 
 
+def test_make_runs_connection_budget_counts_the_llm_worker_and_stays_under_the_embedded_servers_100(monkeypatch):
+    from config.services import connection_budget, llm_worker_command
+
+    monkeypatch.delenv("DATABASE_POOL_MAX_SIZE", raising=False)
+    budget = connection_budget(web_workers=2, celery_processes=3, llm_processes=1)
+    assert budget == ("Postgres connections: at most 28 (2 web + 3 Celery + 1 llm worker + 1 beat processes x "
+                      "a pool of 4)")
+    # one process whatever its threads: 64 calls in flight share that process's one pool
+    command = llm_worker_command("python", in_flight=64)
+    assert command[command.index("--pool") + 1] == "threads" and command[command.index("--concurrency") + 1] == "64"
+    assert command[command.index("-Q") + 1] == "llm"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_migrate_waits_for_the_advisory_lock(settings):
     """A second `migrate` blocks while another holds the lock, then runs once it is released."""

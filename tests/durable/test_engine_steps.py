@@ -146,3 +146,26 @@ def test_start_is_idempotent_on_the_run_id():
     second = run_start(workflow="tests.sequence", input={"steps": 99}, run_id="order-1")
     assert first.pk == second.pk == "order-1"
     assert decode(DurableRun.objects.get(pk="order-1").input) == {"steps": 1}
+
+
+def test_a_step_put_off_waits_on_a_timer_without_spending_its_retries(tmp_path):
+    counter = tmp_path / "count"
+    run = run_start(workflow="tests.throttled", input={"counter": str(counter), "times": 2, "after": 0.2})
+    run_until_settled(run.id, max_wait=0.01)  # the first try is put off: the run waits, nothing failed
+    step = StepCheckpoint.objects.get(run=run, name="call")
+    assert step.status == "pending" and step.wake_at is not None
+    assert decode(step.error)["message"] == "busy: try 1"
+    run = run_until_settled(run.id, max_wait=5)
+    assert run.status == "completed", run.error
+    # retries=0, yet two deferrals did not fail it; the step saw how often it was put off
+    assert decode(run.output) == {"runs": 3, "deferrals": 2}
+
+
+def test_a_step_put_off_for_too_long_fails_with_its_last_reason(tmp_path, settings):
+    settings.DURABLE_STEP_MAX_DEFER_SECONDS = 1.0
+    counter = tmp_path / "count"
+    run = run_until_settled(run_start(workflow="tests.throttled", input={
+        "counter": str(counter), "times": 1000, "after": 0.3}).id, max_wait=5)
+    assert run.status == "failed"
+    message = decode(run.error)["message"]
+    assert "DURABLE_STEP_MAX_DEFER_SECONDS" in message and "busy: try" in message

@@ -290,3 +290,23 @@ def loop(ctx, input):
     if n < input["until"]:
         ctx.continue_as_new({"n": n + 1, "until": input["until"]})
     return {"n": n, "child": child_output}
+
+
+def throttled(counter_path, times, after):
+    """Put off `times` times (each TryLater of `after` seconds), then answer how often it was put off."""
+    from pathlib import Path
+
+    from durable import TryLater, deferrals
+
+    path = Path(counter_path)
+    count = int(path.read_text()) if path.exists() else 0
+    path.write_text(str(count + 1))
+    if count < times:
+        raise TryLater(f"busy: try {count + 1}", after=after, kind="busy")
+    return {"runs": count + 1, "deferrals": deferrals("busy")}
+
+
+@workflow("tests.throttled")
+def throttled_step(ctx, input):
+    return ctx.step("call", throttled, input["counter"], input["times"], input["after"], queue="steps",
+                    retries=input.get("retries", 0))

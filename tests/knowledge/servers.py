@@ -12,6 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # many clients connecting at once (a worker with dozens of calls in flight)
+
+
 class LocalServer:
     """Serves `routes` {path: (status, headers, body) or callable(handler) -> tuple} on host:0."""
 
@@ -48,7 +52,7 @@ class LocalServer:
 
             do_GET = do_POST = _answer
 
-        self.httpd = ThreadingHTTPServer((host, 0), Handler)
+        self.httpd = _Server((host, 0), Handler)
         self.httpd.daemon_threads = True
         self.host = host
         self.port = self.httpd.server_address[1]

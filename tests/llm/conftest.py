@@ -4,6 +4,10 @@ and chat completions with scripted answers."""
 from __future__ import annotations
 
 import json
+import math
+import threading
+import time
+from collections import deque
 
 import pytest
 
@@ -14,20 +18,62 @@ class FakeOpenAIChat(FakeOpenAI):
     """Also answers POST /v1/chat/completions. `chat_replies` is consumed in order: a (status, headers,
     body) tuple is sent as is (errors, rate limits); a dict describes the assistant's answer
     ({"content", "tool_calls": [(id, name, arguments)], "finish_reason", "usage", "model"}). With no
-    reply left the server answers "ok". Every request body is kept in `chat_payloads`."""
+    reply left the server answers "ok". Every request body is kept in `chat_payloads`.
 
-    def __init__(self, **kwargs):
+    Like a real provider it may be slow and limited: each answer takes `latency` seconds; with
+    `requests_per_minute` a request past that many in the last minute is answered 429 with the
+    Retry-After of the next free start (counted in `refused`). Answered calls are kept in `calls`
+    ((start, end, request body), monotonic seconds); `peak_in_flight` is the most answered at once."""
+
+    def __init__(self, *, latency: float = 0.0, requests_per_minute: int | None = None, **kwargs):
         super().__init__(**kwargs)
         self.routes["/v1/chat/completions"] = self._chat
         self.chat_replies: list = []
         self.chat_payloads: list[dict] = []
+        self.latency = latency
+        self.requests_per_minute = requests_per_minute
+        self.calls: list[tuple[float, float, dict]] = []
+        self.in_flight = self.peak_in_flight = self.refused = 0
+        self._starts: deque[float] = deque()
+        self._lock = threading.Lock()
 
     def _chat(self, handler, body: bytes):
-        self.chat_payloads.append(json.loads(body))
-        reply = self.chat_replies.pop(0) if self.chat_replies else {"content": "ok"}
-        if isinstance(reply, tuple):
-            return reply
-        payload = self.chat_payloads[-1]
+        payload = json.loads(body)
+        with self._lock:
+            self.chat_payloads.append(payload)
+            wait = self._over_the_limit()
+            if wait is not None:
+                self.refused += 1
+                return 429, {"Content-Type": "application/json", "Retry-After": str(wait)}, json.dumps(
+                    {"error": {"message": "Rate limit reached for requests", "type": "requests"}})
+            reply = self.chat_replies.pop(0) if self.chat_replies else {"content": "ok"}
+            if isinstance(reply, tuple):
+                return reply
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        start = time.monotonic()
+        try:
+            if self.latency:
+                time.sleep(self.latency)
+            return self._answer(payload, reply, len(self.chat_payloads))
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+                self.calls.append((start, time.monotonic(), payload))
+
+    def _over_the_limit(self) -> int | None:
+        if not self.requests_per_minute:
+            return None
+        now = time.monotonic()
+        while self._starts and self._starts[0] <= now - 60:
+            self._starts.popleft()
+        if len(self._starts) >= self.requests_per_minute:
+            return max(1, math.ceil(self._starts[0] + 60 - now))
+        self._starts.append(now)
+        return None
+
+    @staticmethod
+    def _answer(payload: dict, reply: dict, number: int):
         message: dict = {"role": "assistant", "content": reply.get("content")}
         if reply.get("tool_calls"):
             message["tool_calls"] = [
@@ -38,12 +84,23 @@ class FakeOpenAIChat(FakeOpenAI):
             ]
         finish = reply.get("finish_reason") or ("tool_calls" if reply.get("tool_calls") else "stop")
         usage = reply.get("usage", {"prompt_tokens": 10, "completion_tokens": 5})
-        answer = {"id": f"chatcmpl-{len(self.chat_payloads)}", "object": "chat.completion", "created": 0,
+        answer = {"id": f"chatcmpl-{number}", "object": "chat.completion", "created": 0,
                   "model": reply.get("model", payload["model"]),
                   "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
         if usage is not None:
             answer["usage"] = {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
         return 200, {"Content-Type": "application/json"}, json.dumps(answer)
+
+
+def peak_overlap(intervals) -> int:
+    """The most of `intervals` ((start, end) pairs) open at one instant."""
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals],
+                   key=lambda edge: (edge[0], edge[1]))
+    peak = current = 0
+    for _, step in edges:
+        current += step
+        peak = max(peak, current)
+    return peak
 
 
 @pytest.fixture

@@ -166,3 +166,19 @@ def test_model_options_setting_adds_to_the_table(online, settings):
     qwen, gpt = online.chat_payloads
     assert qwen["reasoning_effort"] == "low" and "temperature" not in qwen and qwen["max_tokens"] == 50
     assert gpt["max_completion_tokens"] == 50 and gpt["temperature"] == 0.0
+
+
+def test_in_a_durable_step_a_rate_limit_is_put_off_not_slept(online):
+    from llm.chat import CallPutOff, PutOff
+
+    online.chat_replies = [(429, {**JSON_ERROR, "Retry-After": "8"}, '{"error": {"message": "Rate limit"}}')]
+    with pytest.raises(CallPutOff) as caught:
+        chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()), put_off=PutOff(caller="c1"))
+    assert caught.value.kind == "provider" and caught.value.retry_in == 8.0
+    assert caught.value.reason == "rate limited by openai: retry in 8 s"
+    assert online.sleeps == [] and len(online.chat_payloads) == 1
+    # the policy's retries are counted across the step's tries: the fourth failure is the last
+    online.chat_replies = [(503, JSON_ERROR, '{"error": {"message": "overloaded"}}')]
+    with pytest.raises(TransientChatError, match=r"after 4 attempts.*overloaded"):
+        chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()), put_off=PutOff(caller="c1", retries_done=3))
+    assert online.sleeps == []

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from durable import tick
 from durable.inprocess import run_until_settled
-from durable.models import DurableRun
+from durable.models import DurableRun, StepCheckpoint
 from tests.llm.conftest import FakeOpenAIChat
 from tests.workflows.conftest import graph, node
 from workflows import execution
@@ -40,19 +40,25 @@ def die_after(monkeypatch, name: str, *, when=lambda args: True, times: int = 1)
             raise WorkerDied(name)
         return result
 
+    # named as the function it replaces, so a queued step (a real provider's model call, an MCP tool
+    # call) resolves its path to this replacement, as a worker of this process would
+    step.__module__, step.__qualname__ = real.__module__, real.__qualname__
     monkeypatch.setattr(execution, name, step)
     return deaths
 
 
 def drive_through_crashes(invocation, *, crashes: int = 1):
-    """Drive the invocation's run; each time the worker dies, expire the lease and let the tick's
-    recovery pass hand the run to a fresh turn, as after a SIGKILL."""
+    """Drive the invocation's run; each time the worker dies, expire the lease (a turn's) or the step's
+    clock (a queued step's) and let the tick's recovery or timeout pass hand the work to a fresh
+    worker, as after a SIGKILL."""
     for _ in range(crashes + 1):
         try:
             run_until_settled(invocation.durable_run_id, max_wait=30)
         except WorkerDied:
-            DurableRun.objects.filter(status="running").update(locked_until=timezone.now() - timedelta(hours=1))
-            assert tick.recover_expired_leases() >= 1
+            past = timezone.now() - timedelta(hours=1)
+            DurableRun.objects.filter(status="running").update(locked_until=past)
+            StepCheckpoint.objects.filter(status="running", queue__gt="").update(timeout_at=past)
+            assert tick.recover_expired_leases() + tick.time_out_silent_steps() >= 1
             continue
         break
     invocation.refresh_from_db()

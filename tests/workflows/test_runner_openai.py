@@ -2,16 +2,25 @@
 OpenAI-compatible server (tests/llm/conftest.py), in-process and on real Celery workers."""
 
 import json
+import os
+import signal
 import threading
+import time
+import uuid
+from collections import Counter
 from decimal import Decimal
 
 import pytest
+from django.db import connection as db_connection
+from django.urls import reverse
 
+from config.services import stop_process_groups
+from durable import tick
 from durable.models import StepCheckpoint
 from llm.prices import cost_usd
-from tests.llm.conftest import FakeOpenAIChat
+from tests.llm.conftest import FakeOpenAIChat, peak_overlap
 from tests.workflows.conftest import graph, node
-from tests.workflows.workers import kill_mid_call_and_finish
+from tests.workflows.workers import drive_until_ended, kill_mid_call_and_finish, split_workers, worker
 from workflows.models import Message, NodeInvocation
 from workflows.services import invocation_start
 
@@ -81,6 +90,46 @@ def test_a_provider_error_is_recorded_on_the_node_and_the_invocation(chat_server
     assert invocation.status == "failed" and "does not exist" in invocation.error
     (ran,) = NodeInvocation.objects.filter(workflow_invocation=invocation)
     assert ran.status == "failed" and "does not exist" in ran.error
+
+
+@pytest.mark.django_db
+def test_a_usd_budget_binds_on_queued_model_calls(chat_server, make_version, invoke):
+    """Model calls to a real provider are queued steps; the budget checked around each still binds:
+    the first call overspends, the invocation fails and the second node's call is never made."""
+    chat_server.chat_replies = [{"content": "a long answer", "usage": {"prompt_tokens": 5_000,
+                                                                       "completion_tokens": 2_000}}]
+    version = make_version(_sequential("First node.", "Second node."))
+    invocation = invoke(version, {"text": "expensive"}, usd_budget="0.0001")
+    assert invocation.status == "failed" and invocation.error.startswith("USD budget exceeded")
+    assert len(chat_server.chat_payloads) == 1
+    (call,) = StepCheckpoint.objects.filter(run_id=invocation.durable_run_id, name__contains=":llm:")
+    assert call.queue == "llm"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_invocation_makes_no_new_model_call(chat_server, make_version):
+    """The invocation is cancelled while its first call is at the provider: that answer is not used
+    and no further call is made."""
+    from durable.inprocess import run_until_settled
+    from workflows.models import WorkflowInvocation
+    from workflows.services import invocation_cancel
+
+    original = chat_server.routes["/v1/chat/completions"]
+
+    def cancel_during_the_call(handler, body):
+        try:
+            invocation_cancel(invocation=WorkflowInvocation.objects.get(pk=invocation.pk), reason="stop")
+        finally:
+            db_connection.close()  # the server thread's own connection
+        return original(handler, body)
+
+    chat_server.routes["/v1/chat/completions"] = cancel_during_the_call
+    invocation = invocation_start(version=make_version(_sequential("First node.", "Second node.")),
+                                  input={"text": "x"})
+    run_until_settled(invocation.durable_run_id, max_wait=10)
+    invocation.refresh_from_db()
+    assert invocation.status == "cancelled"
+    assert [body["messages"][0]["content"] for body in chat_server.chat_payloads] == ["First node."]
 
 
 # ------------------------------------------------------------------------------ a worker killed mid-call
@@ -179,3 +228,180 @@ def test_the_output_schema_is_sent_as_a_response_format_where_the_provider_suppo
             "name": "output", "schema": OUTPUT_SCHEMA, "strict": True}}
     else:
         assert "response_format" not in answer  # asked for in the prompt, as the workflow's author wrote it
+
+
+# -------------------------------------------------------------------- model calls off the turn workers
+
+def _sequential(*prompts: str) -> dict:
+    names = [f"n{index}" for index in range(len(prompts))]
+    targets = [[name] for name in names[1:]] + [["end"]]
+    return graph(names[0], *(node(name, prompt=prompt, handoffs=handoffs)
+                             for name, prompt, handoffs in zip(names, prompts, targets, strict=True)))
+
+
+def _asked(call) -> tuple[str, str]:
+    """(system prompt, task) of a request the server answered: which node of which invocation asked."""
+    messages = call[2]["messages"]
+    return messages[0]["content"], messages[-1]["content"]
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_model_calls_of_many_invocations_are_in_flight_at_once(make_version):
+    """One turn process and one llm worker: 24 invocations against a provider that takes a second a
+    call keep many more than two calls in flight (counted at the server)."""
+    with FakeOpenAIChat(latency=1.0) as server:
+        version = make_version(_sequential("Only node."))
+        invocations = [invocation_start(version=version, input={"text": f"task {i}"}) for i in range(24)]
+        workers = split_workers("speed", server.url("/v1"), in_flight=32)
+        try:
+            drive_until_ended(invocations, timeout=120)
+        finally:
+            stop_process_groups(workers, timeout=20)
+        assert {invocation.status for invocation in invocations} == {"completed"}
+        assert len(server.calls) == 24
+        assert server.peak_in_flight >= 12
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_fans_parallel_branches_call_the_model_at_the_same_time(make_version):
+    branches = [f"b{index}" for index in range(8)]
+    version = make_version(graph(
+        "split", node("split", prompt="Split.", handoffs=branches, kind="parallel"),
+        *(node(name, prompt=f"Branch {name}.", handoffs=["join"]) for name in branches),
+        node("join", prompt="Join.", wait_for=branches, handoffs=["end"])))
+    with FakeOpenAIChat(latency=1.0) as server:
+        invocation = invocation_start(version=version, input={"text": "fan out"})
+        workers = split_workers("fan", server.url("/v1"), in_flight=16)
+        try:
+            drive_until_ended([invocation], timeout=120)
+        finally:
+            stop_process_groups(workers, timeout=20)
+        assert invocation.status == "completed", invocation.error
+        branch_calls = [(start, end) for start, end, body in server.calls
+                        if body["messages"][0]["content"].startswith("Branch ")]
+        assert len(branch_calls) == 8
+        assert peak_overlap(branch_calls) >= 6  # run two at a time, they never overlapped more than 2
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_rate_limited_call_waits_on_a_timer_while_its_worker_serves_another_invocation(make_version, workspace):
+    """The llm worker has ONE thread. Invocation A's call is answered 429 (Retry-After 3 s): it waits on a
+    durable timer, shown on its node as throttled with the reason, and the one thread serves B's call
+    meanwhile; then A's call is made again and A completes."""
+    with FakeOpenAIChat() as server:
+        original = server.routes["/v1/chat/completions"]
+        refused = threading.Event()
+
+        def limited(handler, body):
+            if b"Lane A." in body and not refused.is_set():
+                refused.set()
+                return 429, {"Content-Type": "application/json", "Retry-After": "3"}, json.dumps(
+                    {"error": {"message": "Rate limit reached for requests"}})
+            return original(handler, body)
+
+        server.routes["/v1/chat/completions"] = limited
+        a = invocation_start(version=make_version(_sequential("Lane A.")), input={"text": "a"})
+        workers = split_workers("limited", server.url("/v1"), in_flight=1, LLM_MAX_RETRIES="2")
+        try:
+            assert refused.wait(60), "A's call never reached the server"
+            b = invocation_start(version=make_version(_sequential("Lane B.")), input={"text": "b"})
+            drive_until_ended([b], timeout=60)
+            a.refresh_from_db()
+            node_a = NodeInvocation.objects.get(workflow_invocation=a)
+            assert b.status == "completed" and a.status == "running"  # B was served while A waited
+            assert node_a.throttled and node_a.throttle_reason == "rate limited by openai: retry in 3 s"
+            _shows_throttled(a, workspace, "rate limited by openai: retry in 3 s")
+            drive_until_ended([a], timeout=60)
+        finally:
+            stop_process_groups(workers, timeout=20)
+        assert a.status == "completed", a.error
+        node_a.refresh_from_db()
+        assert not node_a.throttled and node_a.throttle_reason == ""
+        # answered calls (the refused one is not among them): B's, made while A waited, then A's retry
+        assert [body["messages"][0]["content"] for body in server.chat_payloads] == ["Lane B.", "Lane A."]
+
+
+def _shows_throttled(invocation, workspace, reason: str) -> None:
+    """The invocation's API detail and admin page show its node throttled, with the reason."""
+    from rest_framework.test import APIClient
+
+    from tests.admin_users import admin_staff, client_of
+
+    staff = admin_staff("operator", workspace, apps=["workflows"])
+    api = APIClient()
+    api.force_authenticate(user=staff)
+    (node_data,) = api.get(reverse("workflow-invocation-detail", args=[invocation.pk])).json()["nodes"]
+    assert node_data["throttled"] is True and node_data["throttle_reason"] == reason
+    assert node_data["throttled_until"]
+    page = client_of(staff).get(reverse("admin:workflows_workflowinvocation_change", args=[invocation.pk]))
+    assert f"Throttled: {reason}" in page.content.decode()
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_an_llm_worker_killed_with_calls_in_flight_asks_no_answered_call_again(make_version):
+    """40 invocations of two nodes; the llm worker is SIGKILLed with 30 or more calls in flight. Every
+    answer the transcript holds at the kill is never asked again (counted at the server); the calls in
+    flight are made again by a second worker and every invocation completes."""
+    with FakeOpenAIChat(latency=1.5) as server:
+        version = make_version(_sequential("First node.", "Second node."))
+        invocations = [invocation_start(version=version, input={"text": f"task {i}"}) for i in range(40)]
+        turns, calls = split_workers("crash", server.url("/v1"), in_flight=64)
+        workers = [turns, calls]
+        try:
+            deadline = time.monotonic() + 90
+            while not (server.in_flight >= 30 and len(server.calls) >= 20) and time.monotonic() < deadline:
+                tick.tick()
+                time.sleep(0.05)
+            assert server.in_flight >= 30, f"only {server.in_flight} calls were in flight"
+            os.killpg(calls.pid, signal.SIGKILL)
+            calls.wait(10)
+            recorded = set(Message.objects.filter(workflow_invocation__in=invocations, role="assistant")
+                           .values_list("workflow_invocation__input__text", "seq"))
+            assert recorded, "no answer was recorded before the kill"
+            workers.append(split_workers("resume", server.url("/v1"), in_flight=64)[1])
+            drive_until_ended(invocations, timeout=120)
+        finally:
+            stop_process_groups(workers, timeout=20)
+        assert {invocation.status for invocation in invocations} == {"completed"}
+        asked = Counter(_asked(call) for call in server.calls)
+        prompts = {1: "First node.", 2: "Second node."}
+        for task, seq in recorded:
+            assert asked[(prompts[seq // 10_000], task)] == 1, (task, seq)
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_an_llm_worker_keeps_many_calls_in_flight_on_a_pool_of_two_connections(make_version):
+    """The llm worker's threads share its one pool (DATABASE_POOL_MAX_SIZE=2 here) and hold a connection
+    only for a call's reads and writes, never across the provider's latency: 24 calls in flight at once
+    on at most 2 connections (counted by Postgres)."""
+    app = f"lineage-llm-{uuid.uuid4().hex[:8]}"
+    with FakeOpenAIChat(latency=1.5) as server:
+        version = make_version(_sequential("Only node."))
+        invocations = [invocation_start(version=version, input={"text": f"task {i}"}) for i in range(24)]
+        workers = split_workers("pool", server.url("/v1"), in_flight=24)
+        workers[1].kill()  # the llm worker again, with its pool and an application name to count it by
+        workers[1].wait(10)
+        workers[1] = worker("pool-llm", server.url("/v1"), queues="llm", pool="threads", concurrency=24,
+                            DATABASE_POOL_MAX_SIZE="2", DATABASE_POOL_MIN_SIZE="1", PGAPPNAME=app,
+                            DURABLE_STEP_DEFAULT_TIMEOUT="15")
+        connections = []
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not all(
+                    invocation.status in invocation.TERMINAL for invocation in invocations
+                    if invocation.refresh_from_db() or True):
+                tick.tick()
+                with db_connection.cursor() as cursor:
+                    cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [app])
+                    connections.append(cursor.fetchone()[0])
+                time.sleep(0.1)
+        finally:
+            stop_process_groups(workers, timeout=20)
+        assert {invocation.status for invocation in invocations} == {"completed"}
+        assert server.peak_in_flight >= 16
+        assert max(connections) and max(connections) <= 2

@@ -22,17 +22,45 @@ def test_database_url() -> str:
     return urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"]))
 
 
-def llm_worker(name: str, base_url: str) -> subprocess.Popen:
-    """A worker (prefork, one process) with short leases, its model calls to `base_url`, no LLM cache and
-    no retries: every call the work needs reaches the server, once per attempt."""
-    env = {**os.environ, "DATABASE_URL": test_database_url(), "DURABLE_LEASE_SECONDS": "2",
-           "DURABLE_STEP_DEFAULT_TIMEOUT": "3", "DURABLE_REDISPATCH_AFTER_SECONDS": "3", "LLM_PROVIDER": "openai",
-           "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": base_url, "LLM_CACHE_ENABLED": "false",
-           "LLM_MAX_RETRIES": "0"}
+def worker(name: str, base_url: str, *, queues: str = "turns,steps,llm", pool: str = "prefork",
+           concurrency: int = 1, **env: str) -> subprocess.Popen:
+    """A worker with short leases, its model calls to `base_url`, no LLM cache and no retries: every call
+    the work needs reaches the server, once per attempt. By default one prefork process serving turns,
+    steps and model calls; `env` adds or overrides environment variables."""
+    environment = {**os.environ, "DATABASE_URL": test_database_url(), "DURABLE_LEASE_SECONDS": "2",
+                   "DURABLE_STEP_DEFAULT_TIMEOUT": "3", "DURABLE_REDISPATCH_AFTER_SECONDS": "3",
+                   "LLM_PROVIDER": "openai", "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": base_url,
+                   "LLM_CACHE_ENABLED": "false", "LLM_MAX_RETRIES": "0", **env}
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "turns,steps", "-c", "1", "--pool",
-         "prefork", "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"{name}@%h",
-         "--loglevel", "WARNING"], cwd=BASE_DIR, env=env, start_new_session=True)
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", queues, "-c", str(concurrency), "--pool",
+         pool, "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"{name}@%h",
+         "--loglevel", "WARNING"], cwd=BASE_DIR, env=environment, start_new_session=True)
+
+
+def llm_worker(name: str, base_url: str) -> subprocess.Popen:
+    """One prefork process serving turns, steps and model calls."""
+    return worker(name, base_url)
+
+
+def split_workers(name: str, base_url: str, *, in_flight: int = 32, **env: str) -> list[subprocess.Popen]:
+    """The platform's layout: turns and steps on one prefork process, model calls on a threads-pool
+    worker keeping up to `in_flight` calls at once (as `make run` starts them). A call's step may be
+    silent for 15 s (a loaded machine slows many calls at once; a shorter clock would hand calls still
+    in flight to another thread, which asks the provider again)."""
+    env = {"DURABLE_STEP_DEFAULT_TIMEOUT": "15", **env}
+    return [worker(f"{name}-turns", base_url, queues="turns,steps", **env),
+            worker(f"{name}-llm", base_url, queues="llm", pool="threads", concurrency=in_flight,
+                   LLM_MAX_IN_FLIGHT=str(in_flight), **env)]
+
+
+def drive_until_ended(rows, *, timeout: float = 120) -> None:
+    """Tick (the beat's work) until every row (invocations, eval runs) has ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(row.status in type(row).TERMINAL for row in rows if row.refresh_from_db() or True):
+            return
+        tick.tick()
+        time.sleep(0.3)
 
 
 def kill_mid_call_and_finish(row, *, base_url: str, in_flight, release, before_kill=None, wait: float = 120,

@@ -246,12 +246,16 @@ class VersionDiffSerializer(serializers.Serializer):
 
 class NodeInvocationSerializer(serializers.ModelSerializer):
     duration_ms = serializers.FloatField(read_only=True, allow_null=True)
+    throttled = serializers.BooleanField(read_only=True, help_text=(
+        "A model call of this running node waits on a timer for a provider limit or a rate limit to lift "
+        "(throttle_reason says which; throttled_until when it is tried again)."))
 
     class Meta:
         model = NodeInvocation
         fields = ["id", "seq", "node_id", "node_version", "attempt", "status", "input", "output", "summary",
                   "next_nodes", "usd_cost", "input_tokens", "output_tokens", "llm_calls", "cache_hits", "tool_calls",
-                  "model", "error", "approval", "started_at", "ended_at", "duration_ms"]
+                  "model", "error", "approval", "throttled", "throttle_reason", "throttled_until", "started_at",
+                  "ended_at", "duration_ms"]
         read_only_fields = fields
 
 
