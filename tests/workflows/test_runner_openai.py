@@ -250,7 +250,7 @@ def _asked(call) -> tuple[str, str]:
 def test_model_calls_of_many_invocations_are_in_flight_at_once(make_version):
     """One turn process and one llm worker: 24 invocations against a provider that takes a second a
     call keep many more than two calls in flight (counted at the server)."""
-    with FakeOpenAIChat(latency=1.0) as server:
+    with FakeOpenAIChat(latency=3.0) as server:
         version = make_version(_sequential("Only node."))
         invocations = [invocation_start(version=version, input={"text": f"task {i}"}) for i in range(24)]
         workers = split_workers("speed", server.url("/v1"), in_flight=32)
@@ -271,7 +271,7 @@ def test_a_fans_parallel_branches_call_the_model_at_the_same_time(make_version):
         "split", node("split", prompt="Split.", handoffs=branches, kind="parallel"),
         *(node(name, prompt=f"Branch {name}.", handoffs=["join"]) for name in branches),
         node("join", prompt="Join.", wait_for=branches, handoffs=["end"])))
-    with FakeOpenAIChat(latency=1.0) as server:
+    with FakeOpenAIChat(latency=3.0) as server:
         invocation = invocation_start(version=version, input={"text": "fan out"})
         workers = split_workers("fan", server.url("/v1"), in_flight=16)
         try:
@@ -346,7 +346,8 @@ def test_an_llm_worker_killed_with_calls_in_flight_asks_no_answered_call_again(m
     """40 invocations of two nodes; the llm worker is SIGKILLed with 30 or more calls in flight. Every
     answer the transcript holds at the kill is never asked again (counted at the server); the calls in
     flight are made again by a second worker and every invocation completes."""
-    with FakeOpenAIChat(latency=1.5) as server:
+    # a call lasts long enough for one loaded turn process to start 30 more before the first answers
+    with FakeOpenAIChat(latency=4.0) as server:
         version = make_version(_sequential("First node.", "Second node."))
         invocations = [invocation_start(version=version, input={"text": f"task {i}"}) for i in range(40)]
         turns, calls = split_workers("crash", server.url("/v1"), in_flight=64)
@@ -380,7 +381,7 @@ def test_an_llm_worker_keeps_many_calls_in_flight_on_a_pool_of_two_connections(m
     only for a call's reads and writes, never across the provider's latency: 24 calls in flight at once
     on at most 2 connections (counted by Postgres)."""
     app = f"lineage-llm-{uuid.uuid4().hex[:8]}"
-    with FakeOpenAIChat(latency=1.5) as server:
+    with FakeOpenAIChat(latency=3.0) as server:
         version = make_version(_sequential("Only node."))
         invocations = [invocation_start(version=version, input={"text": f"task {i}"}) for i in range(24)]
         workers = split_workers("pool", server.url("/v1"), in_flight=24)
