@@ -452,3 +452,26 @@ def test_cancel_with_compensation(api_as, owner, workspace):
     assert response.status_code == 200 and response.json()["status"] == "cancelled"
     undo = DurableRun.objects.get(pk=f"{run.id}:compensate")
     assert undo.workflow == "tests.undo" and undo.namespace == workspace.namespace  # visible to the same workspace
+
+
+def test_the_demo_run_and_schedule_are_the_demo_workspaces_through_the_api(api_as, settings):
+    """The README's examples: the admin login reads the demo run and its schedule through the API."""
+    from io import StringIO
+
+    from django.contrib.auth import get_user_model
+
+    from durable import demo
+
+    settings.DURABLE_DISPATCH_ENABLED = False
+    admin = get_user_model().objects.create_superuser("admin", "admin@example.org", "a long demo password")
+    run_start(workflow="durable.demo.digest", run_id="demo-digest", tags=["demo"])  # as an older seed left it
+    demo.seed(StringIO())
+    demo.seed(StringIO())  # idempotent
+    client = api_as(admin)
+    run = client.get(f"{RUNS}demo-digest/")
+    assert run.status_code == 200, run.content
+    from workspaces.models import Workspace
+
+    assert run.json()["namespace"] == Workspace.objects.get(slug="demo").namespace
+    schedules = client.get(SCHEDULES).json()["results"]
+    assert [schedule["key"] for schedule in schedules] == ["demo-digest-every-10-minutes"]
