@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parent / "results"  # BENCH_RESULTS_DIR elsewhere (the smoke tests)
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -219,10 +219,11 @@ def say(message: str) -> None:
 
 
 def write_results(name: str, data: dict) -> Path:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+    directory = Path(os.environ.get("BENCH_RESULTS_DIR") or RESULTS_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
     path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-    say(f"results written to {path.relative_to(BASE_DIR)}")
+    say(f"results written to {path}")
     return path
 
 

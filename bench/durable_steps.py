@@ -84,8 +84,9 @@ def run_raw_checkpoint(conn, workflows: int, steps: int) -> float:
     for _ in range(workflows):
         run_id = "raw-" + uuid.uuid4().hex
         for index in range(steps):
-            cursor.execute(INSERT_DONE_SQL, (run_id, index, f"s{index}", "step", str(index + 1), 1, 0,
-                                             datetime.now(UTC)), prepare=True)
+            now = datetime.now(UTC)
+            cursor.execute(INSERT_DONE_SQL, (run_id, index, f"s{index}", "step", str(index + 1), 1, 0, now, now),
+                           prepare=True)
     return time.perf_counter() - started
 
 

@@ -7,3 +7,8 @@ class ConfigAppConfig(AppConfig):
     name = "config"
     label = "lineage_config"
     verbose_name = "Lineage"
+
+    def ready(self):
+        from config.database import register_fork_safety
+
+        register_fork_safety()

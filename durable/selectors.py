@@ -182,6 +182,14 @@ def _run(run_id: str, namespaces, *, payloads: bool) -> DurableRun:
     return run
 
 
+def run_ids_resolve(run_id: str, *, namespaces: Sequence[str]) -> list[str]:
+    """The stored ids an API caller of `namespaces` may mean by `run_id`: the id itself, or the
+    "<namespace>:<run_id>" of a caller-chosen id (see services.caller_run_id); the exact id first."""
+    candidates = [run_id, *(f"{namespace}:{run_id}" for namespace in namespaces)]
+    found = set(DurableRun.objects.filter(pk__in=candidates, namespace__in=namespaces).values_list("id", flat=True))
+    return [candidate for candidate in candidates if candidate in found]
+
+
 def _run_exists(run_id: str, namespaces) -> None:
     if not run_filter(DurableRun.objects.filter(pk=run_id), namespaces=namespaces).exists():
         raise RunNotFound(run_id)

@@ -53,6 +53,14 @@ def run_start(*, workflow: str, input=None, run_id: str | None = None, namespace
     return run
 
 
+def caller_run_id(*, namespace: str, run_id: str) -> str:
+    """The stored id of a run id an API caller chose for a run of `namespace`: "<namespace>:<run_id>" (as
+    given when it already carries that prefix). Caller-chosen ids are per namespace, so two workspaces may
+    both use "nightly", and a start never learns whether another workspace uses an id."""
+    prefix = f"{namespace}:"
+    return run_id if run_id.startswith(prefix) else prefix + run_id
+
+
 def signal_send(*, run_id: str, name: str, payload=None) -> str:
     """Deliver a signal: to the run's waiter when one exists, else buffered until the run waits.
     Returns "delivered" or "buffered"."""

@@ -348,8 +348,7 @@ def runs_renew_leases(leases: dict[str, str], lease_seconds: float) -> set[str]:
 INSERT_DONE_SQL = f"""
 INSERT INTO {CP_TABLE} (run_id, seq, name, kind, status, input, output, error, queue, options, attempt,
                         child_run_id, heartbeat_progress, fence, created_at, started_at, completed_at)
-VALUES (%s, %s, %s, %s, 'completed', '', %s, '', '', '{{}}', %s, '', '', %s, statement_timestamp(), %s,
-        statement_timestamp())
+VALUES (%s, %s, %s, %s, 'completed', '', %s, '', '', '{{}}', %s, '', '', %s, %s, %s, statement_timestamp())
 ON CONFLICT (run_id, seq) DO NOTHING
 """
 
@@ -358,7 +357,7 @@ INSERT_DONE_LEASED_SQL = f"""
 INSERT INTO {CP_TABLE} (run_id, seq, name, kind, status, input, output, error, queue, options, attempt,
                         child_run_id, heartbeat_progress, fence, created_at, started_at, completed_at)
 SELECT r.id, %s::int, %s, %s, 'completed', '', %s, '', '', '{{}}'::jsonb, %s::int, '', '', %s::int,
-       statement_timestamp(), %s::timestamptz, statement_timestamp()
+       %s::timestamptz, %s::timestamptz, statement_timestamp()
 FROM {RUN_TABLE} r WHERE r.id = %s AND r.locked_by = %s FOR SHARE
 ON CONFLICT (run_id, seq) DO NOTHING
 """
@@ -375,12 +374,13 @@ def checkpoint_record(cursor: psycopg.Cursor, *, run_id: str, token: str, fence:
     other effects (``ctx.transaction``'s writes, search attributes, a consumed signal or event, a
     fail_fast choice) passes `leased`: it is fenced by the lease like every other write of a turn (waits,
     queued steps, children), so those effects never commit for a turn that lost its run. False when the
-    sequence number is taken by a checkpoint of the current history (or, `leased`, the lease is gone)."""
+    sequence number is taken by a checkpoint of the current history (or, `leased`, the lease is gone).
+    An inline step is created when it starts (it never waits in a queue), so created_at is `started`."""
     if leased:
-        cursor.execute(INSERT_DONE_LEASED_SQL, (seq, name, kind, output_text, attempt, fence, started, run_id, token),
-                       prepare=True)
+        cursor.execute(INSERT_DONE_LEASED_SQL,
+                       (seq, name, kind, output_text, attempt, fence, started, started, run_id, token), prepare=True)
         return cursor.rowcount == 1
-    params = (run_id, seq, name, kind, output_text, attempt, fence, started)
+    params = (run_id, seq, name, kind, output_text, attempt, fence, started, started)
     cursor.execute(INSERT_DONE_SQL, params, prepare=True)
     if cursor.rowcount == 1:
         return True

@@ -5,27 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from django.contrib.auth import get_user_model
-from django.db import transaction
-
 from knowledge import services
 from knowledge.models import KnowledgeSource
-from workspaces.models import Membership, Workspace
+from workspaces.demo import demo_workspace
 
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 DEMO_CHUNK_SIZE = 300  # small chunks, so the small corpus makes a searchable few hundred passages
 DEMO_CHUNK_OVERLAP = 50
-
-
-def demo_workspace() -> Workspace:
-    """The workspace named "demo" (slug "demo"), created when missing; every superuser is made an
-    owner of it so the admin login sees it through the API too. Safe to call from any app's seed."""
-    with transaction.atomic():
-        workspace, _ = Workspace.objects.get_or_create(slug="demo", defaults={"name": "Demo"})
-        for user in get_user_model().objects.filter(is_superuser=True, is_active=True):
-            Membership.objects.get_or_create(user=user, workspace=workspace,
-                                             defaults={"role": Membership.Role.OWNER})
-    return workspace
 
 
 def _documents() -> list[tuple[str, str]]:

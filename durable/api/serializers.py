@@ -94,7 +94,8 @@ class RunStartSerializer(serializers.Serializer):
     tags = serializers.ListField(child=serializers.CharField(max_length=100), required=False, default=list)
     priority = serializers.IntegerField(min_value=0, max_value=9, required=False, default=0)
     run_id = serializers.RegexField(r"^[A-Za-z0-9_.:@-]{1,200}$", required=False,
-                                    help_text="Optional id; starting an existing id of yours returns that run.")
+                                    help_text="Optional id, per workspace (stored as '<namespace>:<id>'; reads "
+                                              "accept either); starting an existing id of yours returns that run.")
 
 
 class SignalSerializer(serializers.Serializer):

@@ -89,6 +89,20 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
     pagination_class = RunCursorPagination
     lookup_value_regex = "[^/]+(?:/[0-9]+)*"  # child runs are "<parent>/<seq>"
 
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        if "pk" in self.kwargs:  # the handler receives this same dict: every detail action sees the stored id
+            self.kwargs["pk"] = self._stored_id(self.kwargs["pk"])
+
+    def _stored_id(self, pk: str) -> str:
+        """The caller's run id as stored: caller-chosen ids are per namespace ("<namespace>:<id>")."""
+        names = list(self.namespaces().values_list("ns", flat=True))
+        matches = selectors.run_ids_resolve(pk, namespaces=names)
+        if len(matches) > 1 and matches[0] != pk:
+            raise exceptions.ValidationError({"id": [f"{pk!r} names a run in several of your workspaces; "
+                                                     f"use one of {', '.join(matches)}."]})
+        return matches[0] if matches else pk
+
     def get_serializer_class(self):
         return {"create": RunStartSerializer, "signal": SignalSerializer, "cancel": CancelSerializer,
                 "retry": RetrySerializer}.get(self.action, RunSerializer)
@@ -171,6 +185,8 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
         workspace = data["workspace"]
         self.check_write_role(workspace)
         run_id = data.get("run_id")
+        if run_id:
+            run_id = services.caller_run_id(namespace=workspace.namespace, run_id=run_id)
         existed = bool(run_id) and DurableRun.objects.filter(pk=run_id).exists()
         try:
             run = services.run_start(workflow=data["workflow"], input=data["input"], run_id=run_id,

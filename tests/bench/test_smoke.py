@@ -1,4 +1,11 @@
-"""Smoke tests of the benchmarks: each module imports and its core measurement works at a tiny size."""
+"""Smoke tests of the benchmarks: every benchmark `python -m bench` lists runs end to end at a tiny size
+(its results written to a temporary directory), and the core measurements of some are checked in-process."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -6,11 +13,43 @@ import bench.durable_workflows  # noqa: F401 - registers the benchmark workflows
 from bench import __main__ as bench_main
 from bench import common, durable_fan, durable_steps, durable_timers
 
+BASE_DIR = Path(__file__).resolve().parents[2]
 
-def test_the_benchmarks_are_listed():
+# each benchmark's arguments for a run of seconds; a benchmark missing here fails the test below
+TINY = {
+    "admin_search": ["--runs", "2000", "--reps", "1"],
+    "api_load": ["--clients", "2", "--duration", "2", "--web-workers", "1", "--web-threads", "2",
+                 "--celery-concurrency", "1", "--runs", "50", "--sources", "2"],
+    "durable_chaos": ["--duration", "2", "--runs", "4", "--workers", "1", "--seed", "1"],
+    "durable_fan": ["--steps", "300", "--settled", "200", "--workers", "1", "--reps", "5", "--count-reps", "2",
+                    "--timeout", "120"],
+    "durable_steps": ["--rounds", "1", "--workflows", "2", "--steps", "5", "--no-profile"],
+    "durable_timers": ["--runs", "2000", "--due", "20", "--reps", "2"],
+    "evolution": ["--generations", "2", "--population", "3", "--agents", "Research Analyst", "--depth", "20",
+                  "--repeats", "2"],
+    # two processes: the ingests are driven in forked children
+    "knowledge": ["--chunks", "2000", "--queries", "5", "--processes", "2"],
+    "workflows": ["--skip-workers", "--repeats", "3", "--no-profile"],  # its workers: test_workflows_bench.py
+}
+
+
+def test_the_benchmarks_are_listed_and_each_has_a_tiny_size():
     names = bench_main.available()
     assert {"durable_steps", "durable_fan", "durable_timers"} <= set(names)
     assert "common" not in names and "durable_workflows" not in names
+    assert set(names) == set(TINY), "give every benchmark tiny arguments in TINY"
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_the_benchmark_runs_end_to_end_at_a_tiny_size(name, tmp_path):
+    """`python -m bench <name>` as `make bench` runs it (its own database on this server), results aside."""
+    env = {**os.environ, "BENCH_RESULTS_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "bench", name, *TINY[name]], cwd=BASE_DIR, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout[-4000:], done.stderr[-4000:])
+    results = json.loads((tmp_path / f"{name}.json").read_text())
+    assert results and "Traceback" not in done.stderr
 
 
 def test_table_and_summary_helpers(capsys):

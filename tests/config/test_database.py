@@ -152,3 +152,40 @@ def test_a_burst_of_concurrent_requests_stays_within_the_pool(live_server, setti
         sampler.close()
     assert statuses == [200] * 96
     assert 1 <= peak[0] <= bound
+
+
+def _answers_of_a_forked_process(marker: str) -> dict:
+    """What a forked process gets back from its own queries (run in a `multiprocessing` fork pool)."""
+    from django.db import connections
+
+    wrong = 0
+    with connection.cursor() as cursor:
+        for i in range(200):
+            cursor.execute("SELECT %s, %s, pg_backend_pid()", [marker, i])
+            got, n, pid = cursor.fetchone()
+            wrong += (got, n) != (marker, i)
+    connections.close_all()
+    return {"wrong": wrong, "pid": pid}
+
+
+@pytest.mark.parametrize("parent_holds_a_connection", [False, True])
+@pytest.mark.django_db(transaction=True)
+def test_processes_forked_after_the_database_was_used_each_get_their_own_answers(parent_holds_a_connection):
+    """A fork (a `multiprocessing` pool, Celery's prefork) after this process used the database: the
+    children and the parent all query at once, and each reads the answers to its own statements."""
+    import multiprocessing
+
+    from django.db import connections
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        parent_pid = cursor.fetchone()[0]
+    if not parent_holds_a_connection:
+        connections.close_all()  # back to this process's pool, its socket still open
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        children = pool.map_async(_answers_of_a_forked_process, ["left", "right"])
+        parent = _answers_of_a_forked_process("parent")
+        children = children.get(timeout=20)
+    assert [child["wrong"] for child in children] == [0, 0] and parent["wrong"] == 0
+    assert len({parent["pid"], *(child["pid"] for child in children)}) == 3  # a session of its own each
+    assert parent["pid"] == parent_pid or not parent_holds_a_connection  # the parent's session survived

@@ -219,16 +219,38 @@ def test_start_a_run(api_as, owner, workspace, other_workspace):
 def test_start_is_idempotent_on_run_id_and_never_crosses_namespaces(api_as, owner, workspace, other_workspace):
     client = api_as(owner)
     payload = {"workflow": "tests.sequence", "workspace": workspace.pk, "run_id": "order-42"}
-    assert client.post(RUNS, payload, format="json").status_code == 201
+    first = client.post(RUNS, payload, format="json")
+    assert first.status_code == 201
     again = client.post(RUNS, payload, format="json")
-    assert again.status_code == 200 and again.json()["id"] == "order-42"
-    run_start(workflow="tests.sequence", run_id="taken", namespace=other_workspace.namespace)
-    clash = client.post(RUNS, {**payload, "run_id": "taken"}, format="json")
-    assert clash.status_code == 409
-    assert error(clash)["code"] == "conflict"
-    assert DurableRun.objects.get(pk="taken").namespace == other_workspace.namespace
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert client.post(RUNS, {**payload, "run_id": first.json()["id"]}, format="json").status_code == 200
     bad_id = client.post(RUNS, {**payload, "run_id": "a/b"}, format="json")
     assert bad_id.status_code == 400 and "run_id" in error(bad_id)["fields"]
+
+
+def test_caller_chosen_run_ids_are_per_workspace(api_as, owner, outsider, workspace, other_workspace):
+    """Two workspaces both start "nightly": a fresh id and one another workspace uses answer alike (201, a
+    run of the caller's), and reads by that id resolve within the caller's workspaces."""
+    theirs = api_as(outsider).post(RUNS, {"workflow": "tests.sequence", "workspace": other_workspace.pk,
+                                          "run_id": "nightly", "input": {"steps": 1}}, format="json")
+    api_as(owner)
+    fresh = api_as(owner).post(RUNS, {"workflow": "tests.sequence", "workspace": workspace.pk,
+                                      "run_id": "fresh", "input": {"steps": 2}}, format="json")
+    ours = api_as(owner).post(RUNS, {"workflow": "tests.sequence", "workspace": workspace.pk,
+                                     "run_id": "nightly", "input": {"steps": 2}}, format="json")
+    assert theirs.status_code == fresh.status_code == ours.status_code == 201, ours.content
+    assert ours.json()["namespace"] == workspace.namespace != theirs.json()["namespace"]
+    assert ours.json()["id"] != theirs.json()["id"]
+    assert ours.json()["id"].replace("nightly", "fresh") == fresh.json()["id"]  # nothing tells the two apart
+    for user, expected in ((owner, ours), (outsider, theirs)):
+        client = api_as(user)
+        detail = client.get(f"{RUNS}nightly/")
+        assert detail.status_code == 200 and detail.json()["id"] == expected.json()["id"]
+        assert client.get(f"{RUNS}nightly/timeline/").status_code == 200
+        assert client.get(f"{RUNS}{expected.json()['id']}/").status_code == 200
+    assert api_as(owner).get(f"{RUNS}{theirs.json()['id']}/").status_code == 404
+    assert api_as(owner).post(f"{RUNS}nightly/cancel/", {}, format="json").status_code == 200
+    assert DurableRun.objects.get(pk=theirs.json()["id"]).status != "cancelled"
 
 
 def test_signal_delivered_buffered_and_conflict(api_as, owner, workspace):
@@ -452,3 +474,26 @@ def test_cancel_with_compensation(api_as, owner, workspace):
     assert response.status_code == 200 and response.json()["status"] == "cancelled"
     undo = DurableRun.objects.get(pk=f"{run.id}:compensate")
     assert undo.workflow == "tests.undo" and undo.namespace == workspace.namespace  # visible to the same workspace
+
+
+def test_the_demo_run_and_schedule_are_the_demo_workspaces_through_the_api(api_as, settings):
+    """The README's examples: the admin login reads the demo run and its schedule through the API."""
+    from io import StringIO
+
+    from django.contrib.auth import get_user_model
+
+    from durable import demo
+
+    settings.DURABLE_DISPATCH_ENABLED = False
+    admin = get_user_model().objects.create_superuser("admin", "admin@example.org", "a long demo password")
+    run_start(workflow="durable.demo.digest", run_id="demo-digest", tags=["demo"])  # as an older seed left it
+    demo.seed(StringIO())
+    demo.seed(StringIO())  # idempotent
+    client = api_as(admin)
+    run = client.get(f"{RUNS}demo-digest/")
+    assert run.status_code == 200, run.content
+    from workspaces.models import Workspace
+
+    assert run.json()["namespace"] == Workspace.objects.get(slug="demo").namespace
+    schedules = client.get(SCHEDULES).json()["results"]
+    assert [schedule["key"] for schedule in schedules] == ["demo-digest-every-10-minutes"]

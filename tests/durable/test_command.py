@@ -7,6 +7,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
+from durable.codec import decode
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun, StepCheckpoint
 from durable.services import run_start
@@ -116,3 +117,16 @@ def test_purge_is_a_dry_run_without_yes_and_leaves_active_runs():
     assert not StepCheckpoint.objects.filter(run_id="old-done").exists()
     assert durable("purge", "--yes").strip() == "deleted 2 runs"
     assert list(DurableRun.objects.values_list("id", flat=True)) == ["old-active"]
+
+
+def test_the_demo_digest_starts_without_input_and_completes():
+    """The README's first example: `durable start durable.demo.digest`, no --input (a null input)."""
+    run_id = durable("start", "durable.demo.digest").split()[0]
+    run = run_until_settled(run_id, max_wait=10)
+    assert run.status == "completed", run.error
+    assert decode(run.output)["words"] == 8  # the two default texts
+
+
+def test_the_demo_digest_names_the_input_field_it_refuses():
+    run = run_until_settled(durable("start", "durable.demo.digest", "--input", '{"texts": "one text"}').split()[0])
+    assert run.status == "failed" and "texts" in json.dumps(decode(run.error))
