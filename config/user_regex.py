@@ -57,7 +57,7 @@ def _compiled(pattern: str, flags: int) -> regex.Pattern:
 
 
 def _compile(pattern: str, flags: int) -> regex.Pattern:
-    size = unrolled_size(pattern)
+    size = unrolled_size(pattern, flags)
     if size > MAX_UNROLLED:
         raise PatternError(f"the pattern is too large once its counted repeats are expanded (about {size:,} "
                            f"elements; at most {MAX_UNROLLED:,})")
@@ -79,10 +79,20 @@ def search(pattern: str | regex.Pattern, text: str, *, flags: int = 0, timeout: 
         raise PatternTimeout(timeout) from None
 
 
-def unrolled_size(pattern: str) -> int:
+def unrolled_size(pattern: str, flags: int = 0) -> int:
     """An upper bound on the elements `regex` builds for `pattern` once ``x{m}`` is expanded to m copies: each
     literal, escape or class counts 1, a group the sum of its alternatives, a repeat with a minimum m > 1 m
-    times its atom. A plain scan, conservative where the syntax is ambiguous (it may count more, not less)."""
+    times its atom. A plain scan, conservative where the syntax is ambiguous (it may count more, not less).
+    A pattern that may be verbose (``(?x)``, even scoped) is also read as verbose, where whitespace and
+    ``#`` comments are not atoms (``a {9}`` repeats the ``a``), and the larger count stands."""
+    size = _unrolled_size(pattern, verbose=False)
+    if flags & regex.VERBOSE or _VERBOSE_FLAG.search(pattern):
+        size = max(size, _unrolled_size(pattern, verbose=True))
+    return size
+
+
+def _unrolled_size(pattern: str, *, verbose: bool) -> int:
+    count_of = _VERBOSE_COUNT if verbose else _COUNT
     frames = [[0, 0]]  # for each open group: [size so far, size of its last atom]
     index, end = 0, len(pattern)
     while index < end:
@@ -107,7 +117,13 @@ def unrolled_size(pattern: str) -> int:
                 continue
             atom = frames.pop()[0]
             frame = frames[-1]
-        elif char == "{" and (count := _COUNT.match(pattern, index)):
+        elif verbose and char.isspace():
+            index += 1
+            continue
+        elif verbose and char == "#":
+            index = _after(pattern, "\n", index)
+            continue
+        elif char == "{" and (count := count_of.match(pattern, index)):
             index = count.end()
             times = max(int(count["low"] or 0), 1)
             frame[0] += frame[1] * (times - 1)
@@ -124,6 +140,8 @@ def unrolled_size(pattern: str) -> int:
 
 
 _COUNT = regex.compile(r"\{(?P<low>\d*)(?:,\d*)?\}")
+_VERBOSE_COUNT = regex.compile(r"\{\s*(?P<low>\d*)\s*(?:,\s*\d*\s*)?\}")
+_VERBOSE_FLAG = regex.compile(r"\(\?[\w^-]*x")  # (?x)  (?ix)  (?x: ...; a false match only counts more
 _GROUP_PREFIX = regex.compile(r"\?(?:<[=!]|P?<[^>)]*>|'[^')]*'|P=\w*|[=!>|]|[-\w^]*:?)")
 
 

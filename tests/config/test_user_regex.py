@@ -68,3 +68,16 @@ def test_check_schema_names_what_cannot_be_used(schema, words):
     with pytest.raises(SchemaError) as caught:
         user_regex.check_schema(schema)
     assert words in caught.value.message, caught.value.message
+
+
+@pytest.mark.parametrize("pattern", [
+    "(?x)((a{30}) {30}) {30}",  # verbose: the space between an atom and its repeat is ignored
+    "(?x)((a{30}){ 30 }){ 30 }",  # verbose: so are spaces inside the braces
+    "(?x)((a{30})#(\n{30})#(\n{30}",  # verbose: a comment, even one that opens a group
+    "(?ix:((a{30}) {30}) {30})",  # verbose in a scoped group, with other flags
+])
+def test_a_verbose_pattern_is_measured_as_regex_reads_it(pattern):
+    """Each unrolls to 27,000 elements, as ((a{30}){30}){30} does."""
+    assert user_regex.compile_pattern("((a{30}) {30}) {30}")  # not verbose: the spaces are repeated
+    with pytest.raises(user_regex.PatternError, match="too large"):
+        user_regex.compile_pattern(pattern)
