@@ -449,7 +449,10 @@ def context_store(invocation_id: int, node_invocation_id: int | None, *, key: st
                          metadata={**(metadata or {}), "created": now().isoformat(), "size": len(raw),
                                    "contentType": content_type, "key": key, "scope": scope})
     name = entry.data.field.generate_filename(entry, context_file_name(scope, key))
-    if entry.data.storage.exists(name):  # left by an execution of this step that died before its row
+    if entry.data.storage.exists(name):  # left by an execution of this step that died before its row...
+        existing = ContextEntry.objects.filter(workflow_invocation_id=invocation_id, scope=scope, key=key).first()
+        if existing is not None:  # ...or written by one running at the same time, whose row is in now: its file
+            return existing
         entry.data.storage.delete(name)
     entry.data.save(name.rsplit("/", 1)[-1], ContentFile(raw), save=False)
     try:
