@@ -47,11 +47,13 @@ from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
 from evals.selectors import score_histogram
 from evals.services import (
     EvalError,
+    GoldenSetBusy,
     PromotionRefused,
     compare_versions,
     eval_run_cancel,
     eval_run_start,
     golden_items_import,
+    golden_set_ensure_idle,
     item_errors,
     version_promote,
     version_rollback,
@@ -222,6 +224,12 @@ class GoldenItemFormSet(BaseInlineFormSet):
     def clean(self):
         super().clean()
         doomed = [form.instance.pk for form in self.deleted_forms if form.instance.pk]
+        edited = [form for form in self.initial_forms if form.has_changed() and form not in self.deleted_forms]
+        if (doomed or edited) and self.instance.pk is not None:
+            try:  # the admin's change view validates and saves in one transaction, as the API's guard does
+                golden_set_ensure_idle(golden_set_id=self.instance.pk)
+            except GoldenSetBusy as exc:
+                raise ValidationError(exc.message) from None
         if doomed:
             graded = set(GoldenResult.objects.filter(golden_item_id__in=doomed)
                          .values_list("golden_item_id", flat=True).distinct())

@@ -22,7 +22,7 @@ from durable.models import DurableRun
 from evals import charts
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
 from evals.selectors import score_histogram
-from evals.services import eval_run_start, golden_item_add, golden_set_create, version_promote
+from evals.services import eval_run_cancel, eval_run_start, golden_item_add, golden_set_create, version_promote
 from tests.admin_users import admin_staff, client_of
 from tests.evals.conftest import result_key
 from tests.factories import MembershipFactory
@@ -278,6 +278,25 @@ def test_items_with_results_are_not_deleted(staff_client, evaluated):
     items = [(item, {"DELETE": "on"} if item.pk == fresh.pk else {}) for item in golden_set.items.order_by("position")]
     assert staff_client.post(change_url("goldenset", golden_set.pk), set_form(golden_set, items)).status_code == 302
     assert not GoldenItem.objects.filter(pk=fresh.pk).exists()
+
+
+def test_items_are_neither_changed_nor_deleted_under_a_running_eval_run(staff_client, linked_set, support_versions):
+    run = eval_run_start(golden_set=linked_set, version=support_versions[0])  # queued: no worker drives it here
+    items = list(linked_set.items.order_by("position"))
+    before = sorted(linked_set.items.values_list("pk", "content_hash"))
+    for change in ({"expected_output": "Changed under the run."}, {"DELETE": "on"}):
+        response = staff_client.post(change_url("goldenset", linked_set.pk), set_form(
+            linked_set, [(items[-1], change), *((item, {}) for item in items[:-1])], description="edited too"))
+        assert response.status_code == 200, change
+        assert f"An eval run of golden set {linked_set.pk} is in progress" in response.content.decode()
+        assert sorted(linked_set.items.values_list("pk", "content_hash")) == before
+        linked_set.refresh_from_db()
+        assert linked_set.description != "edited too"
+    eval_run_cancel(eval_run=run)
+    response = staff_client.post(change_url("goldenset", linked_set.pk), set_form(
+        linked_set, [(items[-1], {"expected_output": "Changed after the run."}), *((item, {}) for item in items[:-1])]))
+    assert response.status_code == 302
+    assert linked_set.items.get(pk=items[-1].pk).expected_output == "Changed after the run."
 
 
 def test_a_set_is_added_with_its_creator_and_a_workflow_of_its_workspace(client, workspace, other_workspace):
