@@ -39,7 +39,10 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
+from config.admin import EstimatedCountPaginator, NamedObjectMixin, PostActionsMixin, ReadOnlyAdmin
+from config.display import number_field, usd
+from config.display import percent as percent_text
+from config.display import score as score_text
 from durable.admin import pretty_json
 from evals import charts, importing, rewriter
 from evals.graders import GraderConfigError, validate_graders
@@ -67,7 +70,6 @@ from workflows.admin import (
     json_html,
     seconds_text,
     status_badge,
-    usd,
 )
 from workflows.execution import input_text
 from workflows.models import Workflow, WorkflowVersion
@@ -94,14 +96,6 @@ def admin_link(model: str, pk, label):
 
 def version_label(version: WorkflowVersion | None) -> str:
     return version.dsl_hash[:12] if version is not None else "-"
-
-
-def score_text(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def percent_text(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.0f}%"
 
 
 def item_text(value) -> str:
@@ -726,7 +720,7 @@ class GoldenSetFilter(ScopedChoiceFilter):
 
 
 @admin.register(EvalRun)
-class EvalRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
+class EvalRunAdmin(NamedObjectMixin, PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     list_display = ("id", "golden_set_link", "version_link", "status_display", "avg_score_display",
                     "pass_rate_display", "fitness_display", "cost", "progress", "created_at")
     list_display_links = ("id",)
@@ -761,6 +755,9 @@ class EvalRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
         queryset = EvalRun.objects.select_related("golden_set", "workflow_version__workflow", "created_by") \
             .defer(*_slim_version("workflow_version__"))
         return full_object(self, request, queryset, object_id)
+
+    def object_name(self, run) -> str:
+        return f"eval run {run.pk} of {version_label(run.workflow_version)} on {run.golden_set}"
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
@@ -969,12 +966,12 @@ def result_view(result: GoldenResult) -> dict:
 # ------------------------------------------------------------------------------ results and promotions
 
 @admin.register(GoldenResult)
-class GoldenResultAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+class GoldenResultAdmin(NamedObjectMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     """Results are append-only: no add, change or delete."""
 
     workspace_field = "eval_run__workspace"
-    list_display = ("id", "eval_run_link", "item_display", "score", "passed", "grader", "reused", "latency",
-                    "usd_cost", "created_at")
+    list_display = ("id", "eval_run_link", "item_display", "score_text", "passed", "grader", "reused", "latency",
+                    "usd_cost_text", "created_at")
     list_filter = ("passed", "grading_error")
     list_select_related = ("golden_item",)
     search_fields = ("=grader",)  # see get_search_results
@@ -984,10 +981,16 @@ class GoldenResultAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     paginator = EstimatedCountPaginator
     list_per_page = 100
     change_form_template = "admin/evals/change_form.html"
-    fields = ("eval_run_link", "item_display", "version_link", "invocation_link", "score", "passed", "grader",
-              "grading_error", "error", "actual_pretty", "grading_rationale", "grades_pretty", "latency", "usd_cost",
-              "judge_usd", "reused", "reuse_key", "created_at")
+    fields = ("eval_run_link", "item_display", "version_link", "invocation_link", "score_text", "passed", "grader",
+              "grading_error", "error", "actual_pretty", "grading_rationale", "grades_pretty", "latency",
+              "usd_cost_text", "judge_usd_text", "reused", "reuse_key", "created_at")
     readonly_fields = fields
+    score_text = number_field("score", "score")
+    usd_cost_text = number_field("usd_cost", "usd", "USD cost")
+    judge_usd_text = number_field("judge_usd", "usd", "judge USD")
+
+    def object_name(self, result) -> str:
+        return f"{excerpt(input_text(result.golden_item.input), 60)} · score {score_text(result.score)}"
 
     def get_queryset(self, request):
         return super().get_queryset(request).defer("grades", "actual_output", "grading_rationale",
@@ -1044,7 +1047,7 @@ class GoldenResultAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
 
 
 @admin.register(Promotion)
-class PromotionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+class PromotionAdmin(NamedObjectMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     """Activations and rollbacks with the evidence they were decided on: history, read-only."""
 
     workspace_field = "workflow__workspace"
@@ -1058,6 +1061,9 @@ class PromotionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     fields = ("action", "workflow", "version_link", "previous_link", "golden_set_link", "decided_by", "created_at",
               "verdict_display", "evidence_pretty")
     readonly_fields = fields
+
+    def object_name(self, promotion) -> str:
+        return f"{promotion.get_action_display()} {version_label(promotion.workflow_version)} of {promotion.workflow}"
 
     def get_queryset(self, request):
         return super().get_queryset(request).defer(

@@ -320,6 +320,19 @@ def test_a_set_is_added_with_its_creator_and_a_workflow_of_its_workspace(client,
     assert "workspace" not in page.context["adminform"].form.fields
 
 
+def test_titles_and_breadcrumbs_name_things_and_scores_read_to_three_places(staff_client, evaluated):
+    run, base = evaluated["base_run"], evaluated["base"]
+    result = GoldenResult.objects.filter(eval_run=run).select_related("golden_item").order_by("pk").first()
+    GoldenResult.objects.filter(pk=result.pk).update(score=0.052083)
+    page = staff_client.get(change_url("goldenresult", result.pk)).content.decode()
+    title = re.search(r"<h2>(.*?)</h2>", page)[1]
+    assert "0.052083" not in page and title == f"{result.golden_item.input['text']} · score 0.052"
+    page = staff_client.get(change_url("evalrun", run.pk)).content.decode()
+    crumbs = re.search(r'<div class="breadcrumbs">(.*?)</div>', page, re.S)[1]
+    assert base.dsl_hash[:12] in crumbs and evaluated["set"].name in crumbs
+    assert f"of {base.pk} on" not in crumbs and f"of {base.pk} on" not in page
+
+
 # ---------------------------------------------------------------------------------------------- import
 
 def upload(client, golden_set, name: str, content: str | bytes, kind: str = "auto"):

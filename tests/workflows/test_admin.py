@@ -35,6 +35,7 @@ from workflows.models import (
     NodeInvocation,
     UserServerConfig,
     WorkflowInvocation,
+    WorkflowVersion,
 )
 from workflows.services import invocation_start, workflow_create, workflow_version_create
 
@@ -729,3 +730,24 @@ def test_change_pages_query_count_does_not_grow_with_nodes_messages_or_children(
     large = (count_queries(staff_client, invocation_url), count_queries(staff_client, version_url))
     assert large == small
     assert count_queries(staff_client, change_url("workflowversion", big.pk)) == small[1]
+
+
+def test_scores_and_costs_read_as_numbers_a_person_reads(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    WorkflowVersion.objects.filter(pk=version.pk).update(avg_score=0.499833, pass_rate=0.142857)
+    listing = staff_client.get(reverse("admin:workflows_workflowversion_changelist")).content.decode()
+    assert "0.500" in listing and "14%" in listing and "0.499833" not in listing and "0.142857" not in listing
+    page = staff_client.get(change_url("workflowversion", version.pk)).content.decode()
+    assert "0.500" in page and "0.499833" not in page
+    paid = LlmCall.objects.create(workspace=workflow.workspace, key="a" * 64, provider="openai", model="gpt-4.1-mini",
+                                  usd_cost=Decimal("0.027"), response={})
+    free = LlmCall.objects.create(workspace=workflow.workspace, key="b" * 64, provider="offline", model="m",
+                                  response={})
+    listing = staff_client.get(reverse("admin:workflows_llmcall_changelist")).content.decode()
+    assert "$0.0270" in listing and "0.0000000000" not in listing
+    assert "$0.0270" in staff_client.get(change_url("llmcall", paid.pk)).content.decode()
+    page = staff_client.get(change_url("llmcall", free.pk)).content.decode()
+    assert "$0.00" in page and "0.0000000000" not in page
+    _, node = waiting_invocation(version)
+    NodeInvocation.objects.filter(pk=node.pk).update(usd_cost=Decimal("0.0000123"))
+    assert "$0.000012" in staff_client.get(reverse("admin:workflows_nodeinvocation_changelist")).content.decode()
