@@ -29,7 +29,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Count, IntegerField, Max, OuterRef, Q, Subquery
+from django.db.models import Case, Count, IntegerField, Max, OuterRef, Q, Subquery, When
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 from django.forms.models import BaseInlineFormSet
@@ -85,6 +85,11 @@ VERSION_BIG_COLUMNS = ("dsl", "input_schema", "output_schema", "unresolved_tools
 
 def _slim_version(prefix: str = "") -> list[str]:
     return [f"{prefix}{column}" for column in VERSION_BIG_COLUMNS]
+
+
+def full_runs(runs):
+    """Runs over the whole set: a minibatch run (evolution's first look at a candidate) scores only some items."""
+    return runs.exclude(config__has_key="item_ids")
 
 
 def admin_link(model: str, pk, label):
@@ -310,8 +315,10 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     change_form_template = "admin/evals/goldenset/change_form.html"
 
     def get_queryset(self, request):
-        latest = EvalRun.objects.filter(golden_set=OuterRef("pk"), status=EvalRun.Status.COMPLETED) \
-            .order_by("-ended_at", "-pk")
+        # the set's score is its active version's: evolution's newest candidates are not the set's state
+        active_first = Case(When(workflow_version__status=WorkflowVersion.Status.ACTIVE, then=0), default=1)
+        latest = full_runs(EvalRun.objects.filter(golden_set=OuterRef("pk"), status=EvalRun.Status.COMPLETED)) \
+            .order_by(active_first, "-ended_at", "-pk")
         items = GoldenItem.objects.filter(golden_set=OuterRef("pk")).order_by().values("golden_set") \
             .annotate(n=Count("pk")).values("n")
         return super().get_queryset(request).annotate(
@@ -335,7 +342,7 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     def graders_display(self, golden_set):
         return graders_summary(golden_set.graders)
 
-    @admin.display(description="last run score", ordering="last_run_score")
+    @admin.display(description="active version's score", ordering="last_run_score")
     def last_run_display(self, golden_set):
         if golden_set.last_run_id is None:
             return "-"
@@ -509,7 +516,7 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     def compare_versions_qs(self, golden_set: GoldenSet):
         """Versions with a completed eval run on the set (of the set's workflow when it has one), with
         their latest completed run's score on it."""
-        completed = EvalRun.objects.filter(golden_set=golden_set, status=EvalRun.Status.COMPLETED)
+        completed = full_runs(EvalRun.objects.filter(golden_set=golden_set, status=EvalRun.Status.COMPLETED))
         latest = completed.filter(workflow_version=OuterRef("pk")).order_by("-ended_at", "-pk")
         runs = completed.filter(workflow_version=OuterRef("pk")).order_by().values("workflow_version") \
             .annotate(n=Count("pk")).values("n")
@@ -528,9 +535,9 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
         choices = list(versions[:VERSION_CHOICES])
         data = request.GET if ("a" in request.GET or "b" in request.GET) else None
         if data is None and len(choices) >= 2:
-            # by default the active version (or the oldest) against the newest other one
+            # by default the active version (or the oldest) against the best other one (the newest of equals)
             a = next((v for v in choices if v.status == WorkflowVersion.Status.ACTIVE), choices[-1])
-            b = next(v for v in choices if v.pk != a.pk)
+            b = max((v for v in choices if v.pk != a.pk), key=lambda v: v.set_score if v.set_score is not None else -1)
             data = {"a": a.pk, "b": b.pk}
         form = CompareForm(data, versions=versions, offered=choices)
         context = {

@@ -131,10 +131,10 @@ def test_golden_set_list_shows_workspace_workflow_items_threshold_graders_and_la
     rows = {row.name: row for row in response.context["cl"].result_list}
     assert set(rows) == {"support", "empty"}
     assert rows["support"].items_n == 6 and rows["empty"].items_n == 0
-    assert rows["support"].last_run_id == evaluated["better_run"].pk  # the latest completed run
+    assert rows["support"].last_run_id == evaluated["base_run"].pk  # the active version's latest completed run
     assert "contains (weight 2) + token_f1" in html and ">exact<" in html
     assert "Acme" in html and "support" in html and "0.7" in html
-    assert f'{change_url("evalrun", evaluated["better_run"].pk)}">{evaluated["better_run"].avg_score:.3f}</a>' in html
+    assert f'{change_url("evalrun", evaluated["base_run"].pk)}">{evaluated["base_run"].avg_score:.3f}</a>' in html
 
 
 def test_eval_run_list_shows_set_version_status_scores_cost_and_progress(staff_client, evaluated, support_versions):
@@ -650,6 +650,23 @@ def test_compare_page_defaults_to_the_active_version_and_checks_its_choices(staf
     assert bad.status_code == 200 and "comparison" not in bad.context
     lonely = golden_set_create(workspace=workspace, name="lonely", workflow=base.workflow, graders=[{"kind": "exact"}])
     assert 'id="ev-compare-empty"' in staff_client.get(set_url(lonely, "compare")).content.decode()
+
+
+def test_a_set_shows_its_active_versions_score_and_compares_it_with_the_best_candidate(staff_client, evaluated):
+    """A newer candidate (evolution's latest, scoring 0) is neither the set's score nor the default comparison."""
+    golden_set, base, better = evaluated["set"], evaluated["base"], evaluated["better"]
+    newest, _ = workflow_version_create(workflow=base.workflow, dsl=graph("agent", node("agent", prompt="newest")),
+                                        parents=(better,), operation="mutation")
+    EvalRun.objects.create(workspace=golden_set.workspace, golden_set=golden_set, workflow_version=newest,
+                           status="completed", origin="evolution", items_total=6, items_done=6, avg_score=0.0,
+                           pass_rate=0.0, started_at=timezone.now(), ended_at=timezone.now())
+    response = staff_client.get(reverse("admin:evals_goldenset_changelist"))
+    row = next(row for row in response.context["cl"].result_list if row.pk == golden_set.pk)
+    assert row.last_run_id == evaluated["base_run"].pk
+    assert f'{change_url("evalrun", evaluated["base_run"].pk)}">{evaluated["base_run"].avg_score:.3f}</a>' in \
+        response.content.decode()
+    compare = staff_client.get(set_url(golden_set, "compare"))
+    assert (compare.context["version_a"], compare.context["version_b"]) == (base, better)
 
 
 def test_promote_activates_b_and_records_the_evidence_then_rollback_restores_a(staff_client, staff, evaluated):
