@@ -51,6 +51,7 @@ from workflows.models import (
     WorkflowInvocation,
     WorkflowVersion,
 )
+from workflows.selectors import NodeCalls, node_calls
 from workspaces.admin_scope import (
     ScopedChoiceFilter,
     WorkspaceScopedAdmin,
@@ -350,9 +351,10 @@ class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAd
             by_node.setdefault(message.node_invocation_id, []).append(message_view(message))
         seq_of = {node.pk: node.seq for node in nodes}
         can_act = self.has_act_permission(request)
+        calls = node_calls(invocation_id=invocation.pk) if any(node.status in NODE_OPEN for node in nodes) else {}
         return {
             "timeline": timeline(invocation, nodes),
-            "node_views": [node_view(node, by_node.get(node.pk, []), can_act) for node in nodes],
+            "node_views": [node_view(node, by_node.get(node.pk, []), can_act, calls.get(node.pk)) for node in nodes],
             "loose_messages": by_node.get(None, []),
             "messages_truncated": len(rows) > MESSAGE_LIMIT,
             "message_limit": MESSAGE_LIMIT,
@@ -504,15 +506,23 @@ def message_view(message: Message) -> dict:
     }
 
 
-def node_view(node: NodeInvocation, node_messages: list[dict], can_act: bool) -> dict:
+NODE_OPEN = (NodeInvocation.Status.RUNNING, NodeInvocation.Status.WAITING)  # its totals are not written yet
+
+
+def node_view(node: NodeInvocation, node_messages: list[dict], can_act: bool, calls: NodeCalls | None = None) -> dict:
+    """A node invocation's panel; an open node's stats are its calls so far (`calls`), an ended one's its totals."""
+    if node.status in NODE_OPEN and calls is not None:
+        stats = {"model": calls.models, "input_tokens": calls.input_tokens, "output_tokens": calls.output_tokens,
+                 "usd_cost": usd(calls.usd_cost), "llm_calls": calls.calls, "cache_hits": calls.cache_hits}
+    else:
+        stats = {"model": node.model, "input_tokens": node.input_tokens, "output_tokens": node.output_tokens,
+                 "usd_cost": usd(node.usd_cost), "llm_calls": node.llm_calls, "cache_hits": node.cache_hits}
     approval = node.approval if isinstance(node.approval, dict) else None
     sent = approval.get("sent") if approval and isinstance(approval.get("sent"), dict) else None
     decided = approval if approval and not approval.get("pending") and approval.get("decision") else None
     return {
         "seq": node.seq, "node_id": node.node_id, "status": node.status, "status_label": node.get_status_display(),
-        "model": node.model, "attempt": node.attempt,
-        "input_tokens": node.input_tokens, "output_tokens": node.output_tokens, "usd_cost": usd(node.usd_cost),
-        "llm_calls": node.llm_calls, "cache_hits": node.cache_hits, "tool_calls": node.tool_calls,
+        **stats, "attempt": node.attempt, "tool_calls": node.tool_calls,
         "duration": seconds_text(node.duration_ms / 1000) if node.duration_ms is not None else "-",
         "error": node.error, "next_nodes": node.next_nodes or [],
         "input": clipped(node.input), "input_long": len(node.input) > LONG_TEXT,

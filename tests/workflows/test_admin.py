@@ -484,6 +484,26 @@ def test_an_approval_through_the_admin_lets_a_real_invocation_finish(staff_clien
     assert "Approved</strong>" in page and "ship it" in page and "#2 polish" in page
 
 
+def test_a_node_waiting_for_approval_shows_the_calls_it_already_made(staff_client, workflow):
+    dsl = {"entryNodeId": "draft", "nodes": [
+        {"nodeId": "draft", "gatewayModelId": "offline-directive-v1", "codeTools": ["knowledge_search"],
+         "systemPrompt": "Call knowledge_search before answering.", "handOffs": ["end"], "requiresApproval": True}]}
+    version, _ = workflow_version_create(workflow=workflow, dsl=dsl)
+    invocation = invocation_start(version=version, input={"text": "What is a durable run?"})
+    run_until_settled(invocation.durable_run_id)
+    invocation.refresh_from_db()
+    assert invocation.status == "waiting"
+    answers = Message.objects.filter(workflow_invocation=invocation, role="assistant")
+    assert answers.count() == 2  # the tool call, then the answer that waits for approval
+    tokens_in = sum(m.payload["usage"]["input_tokens"] for m in answers)
+    tokens_out = sum(m.payload["usage"]["output_tokens"] for m in answers)
+    response = staff_client.get(change_url("workflowinvocation", invocation.pk))
+    node = response.context["node_views"][0]
+    assert (node["model"], node["llm_calls"], node["input_tokens"], node["output_tokens"]) == (
+        "offline-directive-v1", 2, tokens_in, tokens_out)
+    assert tokens_in > 0 and f"{tokens_in} / {tokens_out}" in response.content.decode()
+
+
 # --------------------------------------------------------------------------------------------- cancel
 
 def test_cancel_button_cancels_an_active_invocation_and_its_run(staff_client, workflow):
