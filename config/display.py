@@ -58,3 +58,10 @@ def number_field(field: str, kind: str, description: str | None = None):
         return write(getattr(obj, field))
 
     return show
+
+
+def moment(value) -> str:
+    """A date and time in the current time zone, compact enough for a list column ("2026-12-01 10:17:05")."""
+    from django.utils import timezone
+
+    return DASH if value is None else timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S")
