@@ -764,7 +764,8 @@ class EvalRunAdmin(NamedObjectMixin, PostActionsMixin, WorkspaceScopedAdmin, Rea
         return full_object(self, request, queryset, object_id)
 
     def object_name(self, run) -> str:
-        return f"eval run {run.pk} of {version_label(run.workflow_version)} on {run.golden_set}"
+        return (f"Eval run {run.pk} of {run.workflow_version.workflow.name} @ {version_label(run.workflow_version)} "
+                f"on {run.golden_set.name}")
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
@@ -855,8 +856,6 @@ class EvalRunAdmin(NamedObjectMixin, PostActionsMixin, WorkspaceScopedAdmin, Rea
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         if obj is not None:
             context.update(self.run_context(request, obj))
-            context["subtitle"] = (f"Eval run {obj.pk} of {obj.workflow_version.workflow.name} @ "
-                                   f"{obj.workflow_version.dsl_hash[:12]} on {obj.golden_set.name}")
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def run_context(self, request, run: EvalRun) -> dict:

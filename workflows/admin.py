@@ -351,7 +351,7 @@ class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAd
             by_node.setdefault(message.node_invocation_id, []).append(message_view(message))
         seq_of = {node.pk: node.seq for node in nodes}
         can_act = self.has_act_permission(request)
-        calls = node_calls(invocation_id=invocation.pk) if any(node.status in NODE_OPEN for node in nodes) else {}
+        calls = node_calls(invocation_id=invocation.pk)
         return {
             "timeline": timeline(invocation, nodes),
             "node_views": [node_view(node, by_node.get(node.pk, []), can_act, calls.get(node.pk)) for node in nodes],

@@ -146,7 +146,7 @@ def test_eval_run_list_shows_set_version_status_scores_cost_and_progress(staff_c
         queued.pk, evaluated["better_run"].pk, evaluated["base_run"].pk]
     run = evaluated["better_run"]
     assert f"{run.avg_score:.3f}" in html and f"{run.pass_rate * 100:.0f}%" in html and f"{run.fitness:.1f}" in html
-    assert "6 / 6" in html and "0 / 0" in html and "$0.000000" in html
+    assert "6 / 6" in html and "0 / 0" in html and "$0.00" in html
     assert evaluated["better"].dsl_hash[:12] in html and 'class="wf-status wf-status-queued"' in html
 
     def listed(query):

@@ -165,7 +165,7 @@ def test_invocation_list_shows_status_version_cost_tokens_nodes_and_duration(sta
     html = page.content.decode()
     assert {row.pk for row in page.context["cl"].result_list} == {done.pk, failed.pk}
     assert version.dsl_hash[:12] in html and "research" in html
-    assert "$0.012345" in html and "1,200 / 340" in html and "12.5 s" in html
+    assert "$0.0123" in html and "1,200 / 340" in html and "12.5 s" in html
     assert 'class="wf-status wf-status-completed"' in html
 
     def listed(query):
@@ -347,7 +347,7 @@ def test_invocation_page_shows_totals_payloads_run_link_timeline_and_messages(st
     html = response.content.decode()
     assert "Failed" in html and "merge: the model refused" in html
     assert "&quot;text&quot;: &quot;what is durable?&quot;" in html  # input as pretty JSON
-    assert "$0.002500 (budget $1.000000)" in html and "900 / 120" in html and "4 (1 answered by the cache)" in html
+    assert "$0.0025 (budget $1.00)" in html and "900 / 120" in html and "4 (1 answered by the cache)" in html
     assert "2 (budget 14)" in html and f"Invocation {invocation.pk} of research @ {version.dsl_hash[:12]}" in html
     assert reverse("admin:durable_durablerun_change", args=["wfi-page"]) in html
     # the timeline: one bar per node invocation, placed by its start and end in the invocation's 10 s
