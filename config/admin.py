@@ -68,3 +68,16 @@ class PostActionsMixin:
 
         url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[quote(obj.pk)])
         return HttpResponseRedirect(url + (f"#{anchor}" if anchor else ""))
+
+
+class NamedObjectMixin:
+    """A change page titled, and its breadcrumb ended, by `object_name(obj)`: what a person calls the row (a
+    version's hash, a set's name), where the model's `__str__` has only ids at hand."""
+
+    def object_name(self, obj) -> str:
+        return str(obj)
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if obj is not None:
+            context["subtitle"] = context["object_name"] = self.object_name(obj)
+        return super().render_change_form(request, context, add, change, form_url, obj)

@@ -4,6 +4,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from config.views import healthz
+from workspaces.api.routers import api_root_view
 
 api_patterns = [
     path("", include("workspaces.api.urls")),
@@ -13,6 +14,7 @@ api_patterns = [
     path("", include("evals.api.urls")),
     path("", include("evolution.api.urls")),
 ]
+api_patterns.append(path("", api_root_view(), name="api-root"))  # after the includes: it lists their routers
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="admin:index"), name="home"),

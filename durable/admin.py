@@ -4,6 +4,7 @@ only on eligible runs, editable schedules, read-only buffered signals and events
 from __future__ import annotations
 
 import json
+import re
 
 from django import forms
 from django.contrib import admin, messages
@@ -12,9 +13,10 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from config.admin import EstimatedCountPaginator, ReadOnlyAdmin
+from config.display import moment
 from durable import selectors, services
 from durable.codec import Undecodable, decode, decode_strict
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, RunAttribute, Schedule
@@ -89,7 +91,8 @@ class SignalForm(forms.Form):
 @admin.register(DurableRun)
 class DurableRunAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     namespace_field = "namespace"
-    list_display = ("id", "workflow", "namespace", "status", "created_at", "ended_at", "turns", "recovery_attempts")
+    # compact columns, so the list fits a laptop screen beside the filters
+    list_display = ("id", "workflow_name", "namespace", "status", "created", "ended", "turns", "recoveries")
     list_filter = ("status", WorkflowFilter, NamespaceFilter)
     search_fields = ("id",)
     search_help_text = "A run id, an attribute value, or key=value for one attribute."
@@ -127,6 +130,23 @@ class DurableRunAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
         ids = DurableRun.objects.filter(pk__startswith=term).values("pk").union(
             RunAttribute.objects.filter(attributes).values("run_id"))
         return queryset.filter(pk__in=ids), False
+
+    @admin.display(description="workflow", ordering="workflow")
+    def workflow_name(self, run):
+        # a dotted name may break after its dots ("evolution.<wbr>generation"), never inside a word
+        return format_html_join(format_html("<wbr>"), "{}", ((part,) for part in re.split(r"(?<=\.)", run.workflow)))
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, run):
+        return moment(run.created_at)
+
+    @admin.display(description="ended", ordering="ended_at")
+    def ended(self, run):
+        return moment(run.ended_at)
+
+    @admin.display(description="recoveries", ordering="recovery_attempts")
+    def recoveries(self, run):
+        return run.recovery_attempts
 
     # ------------------------------------------------------------------------- change page
 

@@ -29,7 +29,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Count, IntegerField, Max, OuterRef, Q, Subquery
+from django.db.models import Case, Count, IntegerField, Max, OuterRef, Q, Subquery, When
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 from django.forms.models import BaseInlineFormSet
@@ -39,7 +39,10 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
+from config.admin import EstimatedCountPaginator, NamedObjectMixin, PostActionsMixin, ReadOnlyAdmin
+from config.display import number_field, usd
+from config.display import percent as percent_text
+from config.display import score as score_text
 from durable.admin import pretty_json
 from evals import charts, importing, rewriter
 from evals.graders import GraderConfigError, validate_graders
@@ -47,11 +50,13 @@ from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
 from evals.selectors import score_histogram
 from evals.services import (
     EvalError,
+    GoldenSetBusy,
     PromotionRefused,
     compare_versions,
     eval_run_cancel,
     eval_run_start,
     golden_items_import,
+    golden_set_ensure_idle,
     item_errors,
     version_promote,
     version_rollback,
@@ -65,7 +70,6 @@ from workflows.admin import (
     json_html,
     seconds_text,
     status_badge,
-    usd,
 )
 from workflows.execution import input_text
 from workflows.models import Workflow, WorkflowVersion
@@ -84,6 +88,11 @@ def _slim_version(prefix: str = "") -> list[str]:
     return [f"{prefix}{column}" for column in VERSION_BIG_COLUMNS]
 
 
+def full_runs(runs):
+    """Runs over the whole set: a minibatch run (evolution's first look at a candidate) scores only some items."""
+    return runs.exclude(config__has_key="item_ids")
+
+
 def admin_link(model: str, pk, label):
     """A link to an admin change page (`model` is "app_model"); "-" without a pk."""
     if pk is None:
@@ -93,14 +102,6 @@ def admin_link(model: str, pk, label):
 
 def version_label(version: WorkflowVersion | None) -> str:
     return version.dsl_hash[:12] if version is not None else "-"
-
-
-def score_text(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def percent_text(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.0f}%"
 
 
 def item_text(value) -> str:
@@ -223,6 +224,12 @@ class GoldenItemFormSet(BaseInlineFormSet):
     def clean(self):
         super().clean()
         doomed = [form.instance.pk for form in self.deleted_forms if form.instance.pk]
+        edited = [form for form in self.initial_forms if form.has_changed() and form not in self.deleted_forms]
+        if (doomed or edited) and self.instance.pk is not None:
+            try:  # the admin's change view validates and saves in one transaction, as the API's guard does
+                golden_set_ensure_idle(golden_set_id=self.instance.pk)
+            except GoldenSetBusy as exc:
+                raise ValidationError(exc.message) from None
         if doomed:
             graded = set(GoldenResult.objects.filter(golden_item_id__in=doomed)
                          .values_list("golden_item_id", flat=True).distinct())
@@ -309,8 +316,10 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     change_form_template = "admin/evals/goldenset/change_form.html"
 
     def get_queryset(self, request):
-        latest = EvalRun.objects.filter(golden_set=OuterRef("pk"), status=EvalRun.Status.COMPLETED) \
-            .order_by("-ended_at", "-pk")
+        # the set's score is its active version's: evolution's newest candidates are not the set's state
+        active_first = Case(When(workflow_version__status=WorkflowVersion.Status.ACTIVE, then=0), default=1)
+        latest = full_runs(EvalRun.objects.filter(golden_set=OuterRef("pk"), status=EvalRun.Status.COMPLETED)) \
+            .order_by(active_first, "-ended_at", "-pk")
         items = GoldenItem.objects.filter(golden_set=OuterRef("pk")).order_by().values("golden_set") \
             .annotate(n=Count("pk")).values("n")
         return super().get_queryset(request).annotate(
@@ -334,7 +343,7 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     def graders_display(self, golden_set):
         return graders_summary(golden_set.graders)
 
-    @admin.display(description="last run score", ordering="last_run_score")
+    @admin.display(description="active version's score", ordering="last_run_score")
     def last_run_display(self, golden_set):
         if golden_set.last_run_id is None:
             return "-"
@@ -508,7 +517,7 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     def compare_versions_qs(self, golden_set: GoldenSet):
         """Versions with a completed eval run on the set (of the set's workflow when it has one), with
         their latest completed run's score on it."""
-        completed = EvalRun.objects.filter(golden_set=golden_set, status=EvalRun.Status.COMPLETED)
+        completed = full_runs(EvalRun.objects.filter(golden_set=golden_set, status=EvalRun.Status.COMPLETED))
         latest = completed.filter(workflow_version=OuterRef("pk")).order_by("-ended_at", "-pk")
         runs = completed.filter(workflow_version=OuterRef("pk")).order_by().values("workflow_version") \
             .annotate(n=Count("pk")).values("n")
@@ -527,9 +536,9 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
         choices = list(versions[:VERSION_CHOICES])
         data = request.GET if ("a" in request.GET or "b" in request.GET) else None
         if data is None and len(choices) >= 2:
-            # by default the active version (or the oldest) against the newest other one
+            # by default the active version (or the oldest) against the best other one (the newest of equals)
             a = next((v for v in choices if v.status == WorkflowVersion.Status.ACTIVE), choices[-1])
-            b = next(v for v in choices if v.pk != a.pk)
+            b = max((v for v in choices if v.pk != a.pk), key=lambda v: v.set_score if v.set_score is not None else -1)
             data = {"a": a.pk, "b": b.pk}
         form = CompareForm(data, versions=versions, offered=choices)
         context = {
@@ -717,7 +726,7 @@ class GoldenSetFilter(ScopedChoiceFilter):
 
 
 @admin.register(EvalRun)
-class EvalRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
+class EvalRunAdmin(NamedObjectMixin, PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     list_display = ("id", "golden_set_link", "version_link", "status_display", "avg_score_display",
                     "pass_rate_display", "fitness_display", "cost", "progress", "created_at")
     list_display_links = ("id",)
@@ -752,6 +761,10 @@ class EvalRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
         queryset = EvalRun.objects.select_related("golden_set", "workflow_version__workflow", "created_by") \
             .defer(*_slim_version("workflow_version__"))
         return full_object(self, request, queryset, object_id)
+
+    def object_name(self, run) -> str:
+        return (f"Eval run {run.pk} of {run.workflow_version.workflow.name} @ {version_label(run.workflow_version)} "
+                f"on {run.golden_set.name}")
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
@@ -842,8 +855,6 @@ class EvalRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         if obj is not None:
             context.update(self.run_context(request, obj))
-            context["subtitle"] = (f"Eval run {obj.pk} of {obj.workflow_version.workflow.name} @ "
-                                   f"{obj.workflow_version.dsl_hash[:12]} on {obj.golden_set.name}")
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def run_context(self, request, run: EvalRun) -> dict:
@@ -960,12 +971,12 @@ def result_view(result: GoldenResult) -> dict:
 # ------------------------------------------------------------------------------ results and promotions
 
 @admin.register(GoldenResult)
-class GoldenResultAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+class GoldenResultAdmin(NamedObjectMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     """Results are append-only: no add, change or delete."""
 
     workspace_field = "eval_run__workspace"
-    list_display = ("id", "eval_run_link", "item_display", "score", "passed", "grader", "reused", "latency",
-                    "usd_cost", "created_at")
+    list_display = ("id", "eval_run_link", "item_display", "score_text", "passed", "grader", "reused", "latency",
+                    "usd_cost_text", "created_at")
     list_filter = ("passed", "grading_error")
     list_select_related = ("golden_item",)
     search_fields = ("=grader",)  # see get_search_results
@@ -975,10 +986,16 @@ class GoldenResultAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     paginator = EstimatedCountPaginator
     list_per_page = 100
     change_form_template = "admin/evals/change_form.html"
-    fields = ("eval_run_link", "item_display", "version_link", "invocation_link", "score", "passed", "grader",
-              "grading_error", "error", "actual_pretty", "grading_rationale", "grades_pretty", "latency", "usd_cost",
-              "judge_usd", "reused", "reuse_key", "created_at")
+    fields = ("eval_run_link", "item_display", "version_link", "invocation_link", "score_text", "passed", "grader",
+              "grading_error", "error", "actual_pretty", "grading_rationale", "grades_pretty", "latency",
+              "usd_cost_text", "judge_usd_text", "reused", "reuse_key", "created_at")
     readonly_fields = fields
+    score_text = number_field("score", "score")
+    usd_cost_text = number_field("usd_cost", "usd", "USD cost")
+    judge_usd_text = number_field("judge_usd", "usd", "judge USD")
+
+    def object_name(self, result) -> str:
+        return f"{excerpt(input_text(result.golden_item.input), 60)} · score {score_text(result.score)}"
 
     def get_queryset(self, request):
         return super().get_queryset(request).defer("grades", "actual_output", "grading_rationale",
@@ -1035,7 +1052,7 @@ class GoldenResultAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
 
 
 @admin.register(Promotion)
-class PromotionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+class PromotionAdmin(NamedObjectMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     """Activations and rollbacks with the evidence they were decided on: history, read-only."""
 
     workspace_field = "workflow__workspace"
@@ -1049,6 +1066,9 @@ class PromotionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     fields = ("action", "workflow", "version_link", "previous_link", "golden_set_link", "decided_by", "created_at",
               "verdict_display", "evidence_pretty")
     readonly_fields = fields
+
+    def object_name(self, promotion) -> str:
+        return f"{promotion.get_action_display()} {version_label(promotion.workflow_version)} of {promotion.workflow}"
 
     def get_queryset(self, request):
         return super().get_queryset(request).defer(

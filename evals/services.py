@@ -34,7 +34,25 @@ class PromotionRefused(EvalError):
         super().__init__({"promotion": [message]})
 
 
+class GoldenSetBusy(EvalError):
+    """A change of a set's items while an eval run of it is queued or running."""
+
+    def __init__(self, golden_set_id: int):
+        self.message = (f"An eval run of golden set {golden_set_id} is in progress; change its items once it has "
+                        "ended (or cancel it).")
+        super().__init__({"items": [self.message]})
+
+
 # ------------------------------------------------------------------------------------------ golden sets
+
+def golden_set_ensure_idle(*, golden_set_id: int) -> None:
+    """Refuse (GoldenSetBusy) a change or deletion of a set's items, or of the set, while an eval run of it is
+    queued or running: its results are keyed on the contents it started with. Call it in the transaction
+    that writes the change; the API answers 409, the admin shows the message and saves nothing."""
+    if EvalRun.objects.filter(golden_set_id=golden_set_id,
+                              status__in=(EvalRun.Status.QUEUED, EvalRun.Status.RUNNING)).exists():
+        raise GoldenSetBusy(golden_set_id)
+
 
 def golden_set_create(*, workspace, name: str, workflow: Workflow | None = None, description: str = "",
                       graders=None, pass_threshold: float = 0.7, created_by=None) -> GoldenSet:

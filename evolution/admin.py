@@ -31,6 +31,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
+from config.display import seconds as seconds_text
+from config.display import usd
 from evals.models import GoldenSet
 from evals.services import EvalError, PromotionRefused
 from evolution import charts
@@ -51,9 +53,7 @@ from workflows.admin import (
     excerpt,
     full_object,
     json_html,
-    seconds_text,
     status_badge,
-    usd,
 )
 from workflows.models import Workflow, WorkflowVersion
 from workspaces.admin_scope import ScopedChoiceFilter, WorkspaceScopedAdmin, workspaces_for

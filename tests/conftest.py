@@ -82,13 +82,15 @@ def browser_page(monkeypatch):
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     from playwright.sync_api import sync_playwright
 
+    from tests.browser import HEIGHT, WIDTH
+
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM,
             args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
         )
         try:
-            yield browser.new_page()
+            yield browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
         finally:
             browser.close()
 

@@ -34,6 +34,8 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
+from config.display import number_field, usd
+from config.display import seconds as seconds_text
 from durable.admin import pretty_json
 from workflows import graph, services
 from workflows.models import (
@@ -49,6 +51,7 @@ from workflows.models import (
     WorkflowInvocation,
     WorkflowVersion,
 )
+from workflows.selectors import NodeCalls, node_calls
 from workspaces.admin_scope import (
     ScopedChoiceFilter,
     WorkspaceScopedAdmin,
@@ -66,22 +69,6 @@ def json_html(value):
     if value is None or value == "" or value == {} or value == []:
         return "-"
     return format_html('<pre class="wf-json">{}</pre>', pretty_json(value))
-
-
-def seconds_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def usd(amount) -> str:
-    return f"${amount:,.6f}" if amount is not None else "-"
 
 
 def clipped(text: str, limit: int = TEXT_LIMIT) -> str:
@@ -130,8 +117,8 @@ class WorkflowAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
 @admin.register(WorkflowVersion)
 class WorkflowVersionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     workspace_field = "workflow__workspace"
-    list_display = ("short_hash", "workflow", "status", "operation", "generation", "commit_message", "avg_score",
-                    "pass_rate", "created_at")
+    list_display = ("short_hash", "workflow", "status", "operation", "generation", "commit_message", "avg_score_text",
+                    "pass_rate_text", "created_at")
     list_filter = ("status", "operation")
     list_select_related = ("workflow",)
     search_fields = ("^dsl_hash", "workflow__name", "commit_message")
@@ -139,8 +126,10 @@ class WorkflowVersionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     ordering = ("-created_at", "-id")
     change_form_template = "admin/workflows/workflowversion/change_form.html"
     fields = ("workflow", "dsl_hash", "status", "operation", "generation", "commit_message", "unresolved",
-              "avg_score", "pass_rate", "created_by", "created_at", "invocations_link")
+              "avg_score_text", "pass_rate_text", "created_by", "created_at", "invocations_link")
     readonly_fields = fields
+    avg_score_text = number_field("avg_score", "score", "avg score")
+    pass_rate_text = number_field("pass_rate", "percent", "pass rate")
 
     def get_queryset(self, request):
         return super().get_queryset(request).defer("dsl", "input_schema", "output_schema")
@@ -362,9 +351,10 @@ class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAd
             by_node.setdefault(message.node_invocation_id, []).append(message_view(message))
         seq_of = {node.pk: node.seq for node in nodes}
         can_act = self.has_act_permission(request)
+        calls = node_calls(invocation_id=invocation.pk)
         return {
             "timeline": timeline(invocation, nodes),
-            "node_views": [node_view(node, by_node.get(node.pk, []), can_act) for node in nodes],
+            "node_views": [node_view(node, by_node.get(node.pk, []), can_act, calls.get(node.pk)) for node in nodes],
             "loose_messages": by_node.get(None, []),
             "messages_truncated": len(rows) > MESSAGE_LIMIT,
             "message_limit": MESSAGE_LIMIT,
@@ -517,16 +507,24 @@ def message_view(message: Message) -> dict:
     }
 
 
-def node_view(node: NodeInvocation, node_messages: list[dict], can_act: bool) -> dict:
+NODE_OPEN = (NodeInvocation.Status.RUNNING, NodeInvocation.Status.WAITING)  # its totals are not written yet
+
+
+def node_view(node: NodeInvocation, node_messages: list[dict], can_act: bool, calls: NodeCalls | None = None) -> dict:
+    """A node invocation's panel; an open node's stats are its calls so far (`calls`), an ended one's its totals."""
+    if node.status in NODE_OPEN and calls is not None:
+        stats = {"model": calls.models, "input_tokens": calls.input_tokens, "output_tokens": calls.output_tokens,
+                 "usd_cost": usd(calls.usd_cost), "llm_calls": calls.calls, "cache_hits": calls.cache_hits}
+    else:
+        stats = {"model": node.model, "input_tokens": node.input_tokens, "output_tokens": node.output_tokens,
+                 "usd_cost": usd(node.usd_cost), "llm_calls": node.llm_calls, "cache_hits": node.cache_hits}
     approval = node.approval if isinstance(node.approval, dict) else None
     sent = approval.get("sent") if approval and isinstance(approval.get("sent"), dict) else None
     decided = approval if approval and not approval.get("pending") and approval.get("decision") else None
     return {
         "seq": node.seq, "node_id": node.node_id, "status": "throttled" if node.throttled else node.status,
         "status_label": f"Throttled: {node.throttle_reason}" if node.throttled else node.get_status_display(),
-        "model": node.model, "attempt": node.attempt,
-        "input_tokens": node.input_tokens, "output_tokens": node.output_tokens, "usd_cost": usd(node.usd_cost),
-        "llm_calls": node.llm_calls, "cache_hits": node.cache_hits, "tool_calls": node.tool_calls,
+        **stats, "attempt": node.attempt, "tool_calls": node.tool_calls,
         "duration": seconds_text(node.duration_ms / 1000) if node.duration_ms is not None else "-",
         "error": node.error, "next_nodes": node.next_nodes or [],
         "input": clipped(node.input), "input_long": len(node.input) > LONG_TEXT,
@@ -545,7 +543,7 @@ def node_view(node: NodeInvocation, node_messages: list[dict], can_act: bool) ->
 @admin.register(NodeInvocation)
 class NodeInvocationAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     workspace_field = "workflow_invocation__workspace"
-    list_display = ("id", "invocation_link", "seq", "node_id", "status", "model", "tokens", "usd_cost",
+    list_display = ("id", "invocation_link", "seq", "node_id", "status", "model", "tokens", "usd_cost_text",
                     "started_at", "duration")
     list_filter = ("status",)
     search_fields = ("=node_id",)  # see get_search_results
@@ -553,10 +551,11 @@ class NodeInvocationAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     ordering = ("-workflow_invocation_id", "seq")
     show_full_result_count = False
     paginator = EstimatedCountPaginator
-    fields = ("invocation_link", "seq", "node_id", "attempt", "status", "model", "usd_cost", "input_tokens",
+    fields = ("invocation_link", "seq", "node_id", "attempt", "status", "model", "usd_cost_text", "input_tokens",
               "output_tokens", "llm_calls", "cache_hits", "tool_calls", "started_at", "ended_at", "duration",
               "next_nodes", "approval_pretty", "error", "input", "summary", "output", "messages_link")
     readonly_fields = fields
+    usd_cost_text = number_field("usd_cost", "usd", "USD cost")
 
     def get_queryset(self, request):
         return super().get_queryset(request).defer("input", "output", "summary", "large_summary")
@@ -711,7 +710,7 @@ class ContextEntryAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
 
 @admin.register(LlmCall)
 class LlmCallAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
-    list_display = ("short_key", "provider", "model", "hits", "input_tokens", "output_tokens", "usd_cost",
+    list_display = ("short_key", "provider", "model", "hits", "input_tokens", "output_tokens", "usd_cost_text",
                     "created_at", "last_hit_at")
     list_filter = (WorkspaceFilter,)
     search_fields = ("^key", "=model")
@@ -719,9 +718,10 @@ class LlmCallAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
     ordering = ("-created_at", "-id")
     show_full_result_count = False
     paginator = EstimatedCountPaginator
-    fields = ("workspace", "key", "provider", "model", "hits", "input_tokens", "output_tokens", "usd_cost",
+    fields = ("workspace", "key", "provider", "model", "hits", "input_tokens", "output_tokens", "usd_cost_text",
               "created_at", "last_hit_at", "response_pretty")
     readonly_fields = fields
+    usd_cost_text = number_field("usd_cost", "usd", "USD cost")
 
     def get_queryset(self, request):
         return super().get_queryset(request).defer("response")

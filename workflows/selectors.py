@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import difflib
 import json
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.contrib.postgres.aggregates import StringAgg
+from django.db.models import BigIntegerField, Count, DecimalField, Q, Sum
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast
 
 from workflows import dsl as dsl_module
-from workflows.models import VersionActivation, WorkflowVersion
+from workflows.models import Message, VersionActivation, WorkflowVersion
 
 NODE_FIELDS_COMPARED = ("description", "gatewayModelId", "mcpTools", "codeTools", "handOffs", "handOffType",
                         "waitFor", "skills", "maxSteps", "requiresApproval")
@@ -138,3 +145,34 @@ def version_descendants(version: WorkflowVersion | int, *, max_depth: int = 10_0
     """Every descendant of a version (children through either parent, theirs, ...), as (version id,
     generations down), nearest first: one recursive query."""
     return _lineage(getattr(version, "pk", version), _DOWN, max_depth, up=False)
+
+
+@dataclass(frozen=True)
+class NodeCalls:
+    """What a node invocation's model calls recorded so far (its assistant messages)."""
+
+    calls: int
+    cache_hits: int
+    input_tokens: int
+    output_tokens: int
+    usd_cost: Decimal
+    models: str
+
+
+def node_calls(*, invocation_id: int) -> dict[int, NodeCalls]:
+    """{node invocation id: its calls so far} from the answers in the transcript, one query. A node writes its
+    totals when it ends; a running or waiting node has only these (each answer is recorded as it arrives)."""
+    usage = "payload__usage__"
+    rows = (Message.objects.filter(workflow_invocation_id=invocation_id, role=Message.Role.ASSISTANT,
+                                   node_invocation__isnull=False)
+            .values("node_invocation_id").order_by("node_invocation_id")
+            .annotate(calls=Count("pk"),
+                      cache_hits=Count("pk", filter=Q(payload__cache_hit=True)),
+                      input_tokens=Sum(Cast(KT(f"{usage}input_tokens"), BigIntegerField())),
+                      output_tokens=Sum(Cast(KT(f"{usage}output_tokens"), BigIntegerField())),
+                      usd_cost=Sum(Cast(KT(f"{usage}usd_cost"), DecimalField(max_digits=18, decimal_places=10))),
+                      models=StringAgg(KT("payload__model"), ", ", distinct=True, default="")))
+    return {row.pop("node_invocation_id"): NodeCalls(
+        calls=row["calls"], cache_hits=row["cache_hits"], input_tokens=row["input_tokens"] or 0,
+        output_tokens=row["output_tokens"] or 0, usd_cost=row["usd_cost"] or Decimal(0), models=row["models"])
+        for row in rows}

@@ -74,11 +74,10 @@ class PositionCursorPagination(IdCursorPagination):
 
 
 def _in_progress(golden_set_id: int) -> None:
-    """Items must not change under a running eval run: its results are keyed on the contents it started with."""
-    if EvalRun.objects.filter(golden_set_id=golden_set_id, status__in=(EvalRun.Status.QUEUED,
-                                                                       EvalRun.Status.RUNNING)).exists():
-        raise Conflict(f"An eval run of golden set {golden_set_id} is in progress; change its items once it has "
-                       "ended (or cancel it).")
+    try:
+        services.golden_set_ensure_idle(golden_set_id=golden_set_id)
+    except services.GoldenSetBusy as exc:
+        raise Conflict(exc.message) from None
 
 
 # ----------------------------------------------------------------------------------------- item files

@@ -3,6 +3,7 @@ and the filter form. Their select boxes may list only what the caller may see.""
 
 import pytest
 
+from tests.api.schema import operations
 from tests.factories import KnowledgeSourceFactory, SkillFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -44,3 +45,25 @@ def test_a_workspace_filter_answers_the_same_for_a_foreign_and_a_missing_id(api_
     assert foreign.json()["error"]["message"].replace(str(other_workspace.pk), "N") == \
         missing.json()["error"]["message"].replace("987654", "N")
     assert client.get(url, {"workspace": workspace.pk}).status_code == 200
+
+
+def _required_query(op, workspace) -> dict:
+    """Values for an operation's required query parameters: the caller's workspace, a text found in the world."""
+    required = [p["name"] for p in op.spec.get("parameters", []) if p.get("in") == "query" and p.get("required")]
+    return {name: workspace.pk if name == "workspace" else "durable" for name in required}
+
+
+def test_every_get_endpoint_renders_as_the_browsable_api(api_as, owner, workspace, world, object_ids):
+    """Each GET answers its page with the forms the renderer draws for it (a non-model answer, a search
+    result, included), never a 500 (compare and diff without their versions: 400)."""
+    ids = object_ids(owner)
+    client = api_as(owner)
+    problems = []
+    for op in operations(method="get"):
+        url = op.url(ids[op.collection]) if op.is_detail else op.path
+        response = client.get(url, {"format": "api", **_required_query(op, workspace)})
+        if response.status_code not in (200, 400) or not response["Content-Type"].startswith("text/html"):
+            problems.append(f"{op}: {response.status_code}")
+    assert problems == []
+    page = client.get("/api/knowledge/search/", {"format": "api", "workspace": workspace.pk, "query": "durable"})
+    assert world["mine"] in page.content.decode()

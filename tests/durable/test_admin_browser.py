@@ -8,6 +8,7 @@ from django.urls import reverse
 
 from durable.inprocess import run_until_settled
 from durable.services import run_start
+from tests.browser import assert_fits_the_screen
 
 pytestmark = [
     pytest.mark.browser,
@@ -22,6 +23,11 @@ def finished_run(transactional_db):
     get_user_model().objects.create_superuser("operator", "operator@example.test", "s3cret-pass")
     run = run_until_settled(run_start(workflow="tests.sequence", input={"steps": 3}).id)
     assert run.status == "completed"
+    # ids as the list shows them on a running installation: a schedule's window, a nested child
+    run_start(workflow="tests.sequence", input={"steps": 1}, namespace="ws-12",
+              run_id="sched:ws-12:evals-reevaluate-nightly:2026-12-01T02:00:00+00:00")
+    run_start(workflow="tests.sequence", input={"steps": 1}, namespace="ws-12",
+              run_id="evolution-run-41/3/17/2.4/wfi-90412/5")
     return run
 
 
@@ -30,7 +36,7 @@ def page(finished_run, browser_page):
     return browser_page
 
 
-def test_operator_sees_the_runs_and_a_run_timeline(live_server, finished_run, page):
+def test_operator_sees_the_runs_and_a_run_timeline(live_server, finished_run, page, tmp_path):
     run = finished_run
 
     page.goto(live_server.url + reverse("admin:login"))
@@ -41,6 +47,8 @@ def test_operator_sees_the_runs_and_a_run_timeline(live_server, finished_run, pa
 
     page.goto(live_server.url + reverse("admin:durable_durablerun_changelist"))
     assert page.locator("#result_list").is_visible()
+    page.screenshot(path=str(tmp_path / "durable-runs.png"), full_page=True)
+    assert_fits_the_screen(page)
     page.click(f"text={run.id}")
 
     timeline = page.locator("#durable-timeline")

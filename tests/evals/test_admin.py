@@ -22,7 +22,7 @@ from durable.models import DurableRun
 from evals import charts
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
 from evals.selectors import score_histogram
-from evals.services import eval_run_start, golden_item_add, golden_set_create, version_promote
+from evals.services import eval_run_cancel, eval_run_start, golden_item_add, golden_set_create, version_promote
 from tests.admin_users import admin_staff, client_of
 from tests.evals.conftest import result_key
 from tests.factories import MembershipFactory
@@ -131,10 +131,10 @@ def test_golden_set_list_shows_workspace_workflow_items_threshold_graders_and_la
     rows = {row.name: row for row in response.context["cl"].result_list}
     assert set(rows) == {"support", "empty"}
     assert rows["support"].items_n == 6 and rows["empty"].items_n == 0
-    assert rows["support"].last_run_id == evaluated["better_run"].pk  # the latest completed run
+    assert rows["support"].last_run_id == evaluated["base_run"].pk  # the active version's latest completed run
     assert "contains (weight 2) + token_f1" in html and ">exact<" in html
     assert "Acme" in html and "support" in html and "0.7" in html
-    assert f'{change_url("evalrun", evaluated["better_run"].pk)}">{evaluated["better_run"].avg_score:.3f}</a>' in html
+    assert f'{change_url("evalrun", evaluated["base_run"].pk)}">{evaluated["base_run"].avg_score:.3f}</a>' in html
 
 
 def test_eval_run_list_shows_set_version_status_scores_cost_and_progress(staff_client, evaluated, support_versions):
@@ -146,7 +146,7 @@ def test_eval_run_list_shows_set_version_status_scores_cost_and_progress(staff_c
         queued.pk, evaluated["better_run"].pk, evaluated["base_run"].pk]
     run = evaluated["better_run"]
     assert f"{run.avg_score:.3f}" in html and f"{run.pass_rate * 100:.0f}%" in html and f"{run.fitness:.1f}" in html
-    assert "6 / 6" in html and "0 / 0" in html and "$0.000000" in html
+    assert "6 / 6" in html and "0 / 0" in html and "$0.00" in html
     assert evaluated["better"].dsl_hash[:12] in html and 'class="wf-status wf-status-queued"' in html
 
     def listed(query):
@@ -280,6 +280,25 @@ def test_items_with_results_are_not_deleted(staff_client, evaluated):
     assert not GoldenItem.objects.filter(pk=fresh.pk).exists()
 
 
+def test_items_are_neither_changed_nor_deleted_under_a_running_eval_run(staff_client, linked_set, support_versions):
+    run = eval_run_start(golden_set=linked_set, version=support_versions[0])  # queued: no worker drives it here
+    items = list(linked_set.items.order_by("position"))
+    before = sorted(linked_set.items.values_list("pk", "content_hash"))
+    for change in ({"expected_output": "Changed under the run."}, {"DELETE": "on"}):
+        response = staff_client.post(change_url("goldenset", linked_set.pk), set_form(
+            linked_set, [(items[-1], change), *((item, {}) for item in items[:-1])], description="edited too"))
+        assert response.status_code == 200, change
+        assert f"An eval run of golden set {linked_set.pk} is in progress" in response.content.decode()
+        assert sorted(linked_set.items.values_list("pk", "content_hash")) == before
+        linked_set.refresh_from_db()
+        assert linked_set.description != "edited too"
+    eval_run_cancel(eval_run=run)
+    response = staff_client.post(change_url("goldenset", linked_set.pk), set_form(
+        linked_set, [(items[-1], {"expected_output": "Changed after the run."}), *((item, {}) for item in items[:-1])]))
+    assert response.status_code == 302
+    assert linked_set.items.get(pk=items[-1].pk).expected_output == "Changed after the run."
+
+
 def test_a_set_is_added_with_its_creator_and_a_workflow_of_its_workspace(client, workspace, other_workspace):
     user = staff_user("both", workspace)
     MembershipFactory(user=user, workspace=other_workspace)
@@ -299,6 +318,19 @@ def test_a_set_is_added_with_its_creator_and_a_workflow_of_its_workspace(client,
     # the workspace of a saved set is read-only
     page = client.get(change_url("goldenset", golden_set.pk))
     assert "workspace" not in page.context["adminform"].form.fields
+
+
+def test_titles_and_breadcrumbs_name_things_and_scores_read_to_three_places(staff_client, evaluated):
+    run, base = evaluated["base_run"], evaluated["base"]
+    result = GoldenResult.objects.filter(eval_run=run).select_related("golden_item").order_by("pk").first()
+    GoldenResult.objects.filter(pk=result.pk).update(score=0.052083)
+    page = staff_client.get(change_url("goldenresult", result.pk)).content.decode()
+    title = re.search(r"<h2>(.*?)</h2>", page)[1]
+    assert "0.052083" not in page and title == f"{result.golden_item.input['text']} · score 0.052"
+    page = staff_client.get(change_url("evalrun", run.pk)).content.decode()
+    crumbs = re.search(r'<div class="breadcrumbs">(.*?)</div>', page, re.S)[1]
+    assert base.dsl_hash[:12] in crumbs and evaluated["set"].name in crumbs
+    assert f"of {base.pk} on" not in crumbs and f"of {base.pk} on" not in page
 
 
 # ---------------------------------------------------------------------------------------------- import
@@ -618,6 +650,23 @@ def test_compare_page_defaults_to_the_active_version_and_checks_its_choices(staf
     assert bad.status_code == 200 and "comparison" not in bad.context
     lonely = golden_set_create(workspace=workspace, name="lonely", workflow=base.workflow, graders=[{"kind": "exact"}])
     assert 'id="ev-compare-empty"' in staff_client.get(set_url(lonely, "compare")).content.decode()
+
+
+def test_a_set_shows_its_active_versions_score_and_compares_it_with_the_best_candidate(staff_client, evaluated):
+    """A newer candidate (evolution's latest, scoring 0) is neither the set's score nor the default comparison."""
+    golden_set, base, better = evaluated["set"], evaluated["base"], evaluated["better"]
+    newest, _ = workflow_version_create(workflow=base.workflow, dsl=graph("agent", node("agent", prompt="newest")),
+                                        parents=(better,), operation="mutation")
+    EvalRun.objects.create(workspace=golden_set.workspace, golden_set=golden_set, workflow_version=newest,
+                           status="completed", origin="evolution", items_total=6, items_done=6, avg_score=0.0,
+                           pass_rate=0.0, started_at=timezone.now(), ended_at=timezone.now())
+    response = staff_client.get(reverse("admin:evals_goldenset_changelist"))
+    row = next(row for row in response.context["cl"].result_list if row.pk == golden_set.pk)
+    assert row.last_run_id == evaluated["base_run"].pk
+    assert f'{change_url("evalrun", evaluated["base_run"].pk)}">{evaluated["base_run"].avg_score:.3f}</a>' in \
+        response.content.decode()
+    compare = staff_client.get(set_url(golden_set, "compare"))
+    assert (compare.context["version_a"], compare.context["version_b"]) == (base, better)
 
 
 def test_promote_activates_b_and_records_the_evidence_then_rollback_restores_a(staff_client, staff, evaluated):

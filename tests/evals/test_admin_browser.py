@@ -8,6 +8,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from evals.models import GoldenResult
+from tests.browser import assert_fits_the_screen
 from tests.factories import MembershipFactory
 from workflows.services import workflow_version_activate
 
@@ -55,6 +56,7 @@ def test_operator_compares_two_versions_and_promotes_the_better_one(live_server,
     assert page.locator("#ev-recent-runs tr.ev-run-row").count() == 2
     assert page.locator("#items-group tr.has_original").count() == 6
     page.screenshot(path=str(tmp_path / "golden-set.png"), full_page=True)
+    assert_fits_the_screen(page)
 
     # the eval run page: a histogram of ten bars and a row per item
     page.goto(live_server.url + reverse("admin:evals_evalrun_change", args=[scene["better_run"].pk]))
@@ -64,6 +66,7 @@ def test_operator_compares_two_versions_and_promotes_the_better_one(live_server,
     assert sum(int(histogram.locator("rect.ev-hist-bar").nth(i).get_attribute("data-count")) for i in range(10)) == 6
     assert page.locator("#ev-results-table tbody tr").count() == 6
     page.screenshot(path=str(tmp_path / "eval-run.png"), full_page=True)
+    assert_fits_the_screen(page)
 
     # the compare page: both scores of every item, the verdict, the chart
     base, better = scene["base"], scene["better"]
@@ -91,6 +94,7 @@ def test_operator_compares_two_versions_and_promotes_the_better_one(live_server,
     lines = [pairs.nth(i).locator("line").bounding_box() for i in range(pairs.count())]
     assert all(line["width"] > 200 for line in lines)  # each joins the a axis to the b axis
     page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
+    assert_fits_the_screen(page)
 
     page.click("#ev-promote")
     page.wait_for_selector(".messagelist .success")

@@ -35,6 +35,7 @@ from workflows.models import (
     NodeInvocation,
     UserServerConfig,
     WorkflowInvocation,
+    WorkflowVersion,
 )
 from workflows.services import invocation_start, workflow_create, workflow_version_create
 
@@ -164,7 +165,7 @@ def test_invocation_list_shows_status_version_cost_tokens_nodes_and_duration(sta
     html = page.content.decode()
     assert {row.pk for row in page.context["cl"].result_list} == {done.pk, failed.pk}
     assert version.dsl_hash[:12] in html and "research" in html
-    assert "$0.012345" in html and "1,200 / 340" in html and "12.5 s" in html
+    assert "$0.0123" in html and "1,200 / 340" in html and "12.5 s" in html
     assert 'class="wf-status wf-status-completed"' in html
 
     def listed(query):
@@ -346,7 +347,7 @@ def test_invocation_page_shows_totals_payloads_run_link_timeline_and_messages(st
     html = response.content.decode()
     assert "Failed" in html and "merge: the model refused" in html
     assert "&quot;text&quot;: &quot;what is durable?&quot;" in html  # input as pretty JSON
-    assert "$0.002500 (budget $1.000000)" in html and "900 / 120" in html and "4 (1 answered by the cache)" in html
+    assert "$0.0025 (budget $1.00)" in html and "900 / 120" in html and "4 (1 answered by the cache)" in html
     assert "2 (budget 14)" in html and f"Invocation {invocation.pk} of research @ {version.dsl_hash[:12]}" in html
     assert reverse("admin:durable_durablerun_change", args=["wfi-page"]) in html
     # the timeline: one bar per node invocation, placed by its start and end in the invocation's 10 s
@@ -481,6 +482,26 @@ def test_an_approval_through_the_admin_lets_a_real_invocation_finish(staff_clien
     assert invocation.status == "completed"
     page = staff_client.get(change_url("workflowinvocation", invocation.pk)).content.decode()
     assert "Approved</strong>" in page and "ship it" in page and "#2 polish" in page
+
+
+def test_a_node_waiting_for_approval_shows_the_calls_it_already_made(staff_client, workflow):
+    dsl = {"entryNodeId": "draft", "nodes": [
+        {"nodeId": "draft", "gatewayModelId": "offline-directive-v1", "codeTools": ["knowledge_search"],
+         "systemPrompt": "Call knowledge_search before answering.", "handOffs": ["end"], "requiresApproval": True}]}
+    version, _ = workflow_version_create(workflow=workflow, dsl=dsl)
+    invocation = invocation_start(version=version, input={"text": "What is a durable run?"})
+    run_until_settled(invocation.durable_run_id)
+    invocation.refresh_from_db()
+    assert invocation.status == "waiting"
+    answers = Message.objects.filter(workflow_invocation=invocation, role="assistant")
+    assert answers.count() == 2  # the tool call, then the answer that waits for approval
+    tokens_in = sum(m.payload["usage"]["input_tokens"] for m in answers)
+    tokens_out = sum(m.payload["usage"]["output_tokens"] for m in answers)
+    response = staff_client.get(change_url("workflowinvocation", invocation.pk))
+    node = response.context["node_views"][0]
+    assert (node["model"], node["llm_calls"], node["input_tokens"], node["output_tokens"]) == (
+        "offline-directive-v1", 2, tokens_in, tokens_out)
+    assert tokens_in > 0 and f"{tokens_in} / {tokens_out}" in response.content.decode()
 
 
 # --------------------------------------------------------------------------------------------- cancel
@@ -729,3 +750,24 @@ def test_change_pages_query_count_does_not_grow_with_nodes_messages_or_children(
     large = (count_queries(staff_client, invocation_url), count_queries(staff_client, version_url))
     assert large == small
     assert count_queries(staff_client, change_url("workflowversion", big.pk)) == small[1]
+
+
+def test_scores_and_costs_read_as_numbers_a_person_reads(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    WorkflowVersion.objects.filter(pk=version.pk).update(avg_score=0.499833, pass_rate=0.142857)
+    listing = staff_client.get(reverse("admin:workflows_workflowversion_changelist")).content.decode()
+    assert "0.500" in listing and "14%" in listing and "0.499833" not in listing and "0.142857" not in listing
+    page = staff_client.get(change_url("workflowversion", version.pk)).content.decode()
+    assert "0.500" in page and "0.499833" not in page
+    paid = LlmCall.objects.create(workspace=workflow.workspace, key="a" * 64, provider="openai", model="gpt-4.1-mini",
+                                  usd_cost=Decimal("0.027"), response={})
+    free = LlmCall.objects.create(workspace=workflow.workspace, key="b" * 64, provider="offline", model="m",
+                                  response={})
+    listing = staff_client.get(reverse("admin:workflows_llmcall_changelist")).content.decode()
+    assert "$0.0270" in listing and "0.0000000000" not in listing
+    assert "$0.0270" in staff_client.get(change_url("llmcall", paid.pk)).content.decode()
+    page = staff_client.get(change_url("llmcall", free.pk)).content.decode()
+    assert "$0.00" in page and "0.0000000000" not in page
+    _, node = waiting_invocation(version)
+    NodeInvocation.objects.filter(pk=node.pk).update(usd_cost=Decimal("0.0000123"))
+    assert "$0.000012" in staff_client.get(reverse("admin:workflows_nodeinvocation_changelist")).content.decode()

@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from durable import engine
+from tests.browser import assert_fits_the_screen
 from tests.factories import MembershipFactory
 from tests.workflows.test_admin import cyclic_dsl
 from workflows.models import Message, NodeInvocation, WorkflowInvocation
@@ -41,13 +42,17 @@ def scene(transactional_db, workspace, settings):
         workspace=workspace, workflow_version=version, status="waiting", usd_budget=Decimal("1"), started_at=start,
         durable_run_id="wfi-browser", input={"text": "Compare durable engines."}, node_count=3)
 
-    def node(seq, node_id, status, begin, end, **fields):
+    def node(seq, node_id, status, begin, end, model="gpt-4.1-mini", **fields):
         return NodeInvocation.objects.create(
-            workflow_invocation=invocation, seq=seq, node_id=node_id, status=status, model="gpt-4.1-mini",
+            workflow_invocation=invocation, seq=seq, node_id=node_id, status=status, model=model,
             started_at=start + timedelta(seconds=begin), ended_at=start + timedelta(seconds=end) if end else None,
             **fields)
 
-    first = node(1, "orchestrator", "completed", 0, 4, input_tokens=300, output_tokens=40, next_nodes=["search"])
+    # as a real fan-out node reads: a provider-prefixed model, a cost, cache hits, several next nodes
+    first = node(1, "orchestrator", "completed", 0, 4, input_tokens=312_450, output_tokens=48_210,
+                 model="openrouter#meta-llama/llama-3.3-70b-instruct-turbo", usd_cost=Decimal("0.0270"),
+                 llm_calls=12, cache_hits=3, tool_calls=9,
+                 next_nodes=["search", "critic_of_sources", "fact_checker", "summarizer", "style_editor"])
     second = node(2, "search", "completed", 4, 12, input_tokens=500, output_tokens=80)
     node(3, "merge", "waiting", 12, None, output="Engines compared.",
          approval={"pending": True, "run_id": "wfi-browser", "signal": "approval:3"})
@@ -101,6 +106,7 @@ def test_operator_reads_the_graph_and_the_timeline_and_approves_a_node(live_serv
     assert drawn["left"]["x"] + drawn["left"]["width"] <= drawn["right"]["x"]
     assert page.locator("#wf-node-table tbody tr").count() == 5
     page.screenshot(path=str(tmp_path / "workflow-version.png"), full_page=True)
+    assert_fits_the_screen(page)
 
     # the invocation page: a timeline row per node invocation, the messages, the waiting node's form
     page.goto(live_server.url + reverse("admin:workflows_workflowinvocation_change", args=[scene["invocation"].pk]))
@@ -115,6 +121,9 @@ def test_operator_reads_the_graph_and_the_timeline_and_approves_a_node(live_serv
     assert "knowledge_search" in first.inner_text() and "Temporal, DBOS and this engine." in first.inner_text()
     assert "orchestrator → search" in page.locator("#node-2").inner_text()
     page.screenshot(path=str(tmp_path / "workflow-invocation.png"), full_page=True)
+    assert_fits_the_screen(page)
+    close = page.locator("a.closelink").bounding_box()
+    assert close["y"] > page.locator("#wf-context").bounding_box()["y"]  # the page ends with it
 
     approval = page.locator("#approval-3")
     approval.locator("textarea[name=comment]").fill("Good comparison.")

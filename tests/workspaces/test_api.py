@@ -1,3 +1,5 @@
+from urllib.parse import urlsplit
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -169,3 +171,15 @@ def test_a_slug_is_derived_unique_even_from_a_name_without_letters(api_as, owner
     client = api_as(owner)
     slugs = [client.post("/api/workspaces/", {"name": name}).json()["slug"] for name in ("µ!", "!!!", "Acme", "acme")]
     assert slugs == ["workspace", "workspace-2", "acme-2", "acme-3"]  # "acme" is the fixture's
+
+
+def test_the_api_root_lists_every_resource_of_every_app(api_as, owner):
+    from tests.api.schema import collections
+
+    response = api_as(owner).get("/api/")
+    assert response.status_code == 200
+    paths = {urlsplit(url).path for url in response.json().values()}
+    assert set(collections()) <= paths
+    assert {"/api/workspaces/", "/api/durable/events/", "/api/knowledge/search/", "/api/mcp/servers/",
+            "/api/mcp/tools/", "/api/mcp/configs/", "/api/evolution-runs/"} <= paths
+    assert api_as(owner).get("/api/", {"format": "api"}).status_code == 200

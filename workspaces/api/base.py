@@ -42,6 +42,10 @@ class WorkspaceRolePermission(permissions.BasePermission):
     def has_object_permission(self, request, view, obj):
         if request.method in permissions.SAFE_METHODS:
             return True
+        if not isinstance(obj, view.get_queryset().model):
+            # not a row of this view: the browsable API asks about a view's answer (a search result) to
+            # decide whether to draw a write form; nothing names a workspace, so no write is allowed on it
+            return False
         workspace = view.workspace_of(obj)
         return view.user_role(workspace) in view.write_roles
 

@@ -5,6 +5,8 @@ import sys
 import time
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Max, Q
+from kombu.exceptions import KombuError
 
 from durable.management.commands.durable import table
 from evals.models import EvalRun, GoldenResult
@@ -18,13 +20,54 @@ def progress_bar(done: int, total: int, width: int = 30) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
 
 
+STALL_SECONDS = 60.0  # a serving worker renews its run's lease every few seconds and each item settles its row
+WORKERS_ASKED_EVERY = 5.0  # seconds between two questions to the workers while this process cannot drive
+
+
+def serving_queues(timeout: float = 1.0) -> set[str]:
+    """The queues the Celery workers that answer within `timeout` consume (empty when none answers or the
+    broker is down)."""
+    from config.celery import app
+
+    try:
+        replies = app.control.inspect(timeout=timeout).active_queues() or {}
+    except (OSError, KombuError):  # a broker that cannot be reached: no worker serves
+        return set()
+    return {queue["name"] for queues in replies.values() for queue in queues or ()}
+
+
+def run_needs(run: EvalRun) -> set[str]:
+    """The queues the eval run's work is sent to: turns, and the queues of the queued steps it waits on."""
+    from durable.models import DurableRun, StepCheckpoint
+    from durable.settings import durable_settings
+
+    tree = DurableRun.objects.filter(Q(pk=run.durable_run_id) | Q(parent_id=run.durable_run_id)).values("pk")
+    steps = StepCheckpoint.objects.filter(run_id__in=tree, status=StepCheckpoint.Status.PENDING).exclude(queue="")
+    return {durable_settings().turn_queue, *steps.values_list("queue", flat=True).distinct()}
+
+
+def activity(run: EvalRun) -> tuple:
+    """Changes while anyone works on the run: its items, its and its items' rows, the leases of their turns."""
+    from durable.models import DurableRun
+
+    rows = DurableRun.objects.filter(Q(pk=run.durable_run_id) | Q(parent_id=run.durable_run_id)) \
+        .aggregate(updated=Max("updated_at"), leased=Max("locked_until"))
+    return run.status, run.items_done, rows["updated"], rows["leased"]
+
+
 def follow(command: BaseCommand, run: EvalRun, *, workers: bool, timeout: float) -> EvalRun:
-    """Drive the eval run in this process (or leave it to the workers) and draw its progress."""
+    """Follow the eval run and draw its progress: the Celery workers drive it when they serve the queues it
+    needs (make run's do), else this process does. Gives up at `timeout`, when nobody can drive it, or once
+    it has not moved for STALL_SECONDS (waiting for an approval, say)."""
     from durable.inprocess import drive_in_background
 
+    if not workers and run_needs(run) <= serving_queues():
+        workers = True
+        command.stdout.write("Celery workers serve its queues: following the run they drive")
     driver = None if workers else drive_in_background(run.durable_run_id, max_wait=timeout)
     interactive = command.stdout.isatty() if hasattr(command.stdout, "isatty") else False
-    deadline, last = time.monotonic() + timeout, None
+    now = time.monotonic()
+    deadline, moved, asked, last, seen = now + timeout, now, now, None, None
     while True:
         run.refresh_from_db()
         line = f"{progress_bar(run.items_done, run.items_total)} {run.status}"
@@ -33,12 +76,22 @@ def follow(command: BaseCommand, run: EvalRun, *, workers: bool, timeout: float)
             last = line
         if run.status in EvalRun.TERMINAL:
             break
-        if time.monotonic() > deadline or (driver is not None and not driver.is_alive()):
-            run.refresh_from_db()
-            if run.status in EvalRun.TERMINAL:
-                continue
-            raise CommandError(f"eval run {run.pk} is still {run.status}; start the workers (make run) "
-                               "or follow it in the admin")
+        now, current = time.monotonic(), activity(run)
+        if current != seen:
+            seen, moved = current, now
+        if now > deadline:
+            raise CommandError(f"eval run {run.pk} is still {run.status} after {timeout:g} s; follow it in the admin")
+        if driver is not None and not driver.is_alive() and now - asked >= WORKERS_ASKED_EVERY:
+            # this process ran out of work it can do: a worker took the run over, or nobody can go on with it
+            asked, needs = now, run_needs(run)
+            missing = needs - serving_queues()
+            if missing and now - moved >= WORKERS_ASKED_EVERY:
+                raise CommandError(f"eval run {run.pk} is still {run.status} and no Celery worker serves "
+                                   f"{', '.join(sorted(missing))}; start the workers (make run) or follow it in "
+                                   "the admin")
+        if now - moved > STALL_SECONDS:
+            raise CommandError(f"eval run {run.pk} is still {run.status} and has not moved for {STALL_SECONDS:g} s "
+                               "(waiting for an approval or a timer?); follow it in the admin")
         time.sleep(0.2)
     if interactive:
         command.stdout.write("")
@@ -55,7 +108,8 @@ class Command(BaseCommand):
         parser.add_argument("--no-reuse", action="store_true", help="Run every item again (no earlier results).")
         parser.add_argument("--concurrency", type=int, default=None, help="Items invoked at once (default 4).")
         parser.add_argument("--workers", action="store_true",
-                            help="Leave the run to the Celery workers and follow it (default: run it here).")
+                            help="Leave the run to the Celery workers and follow it (default: to the workers when "
+                                 "they serve its queues, as make run's do, else run it here).")
         parser.add_argument("--timeout", type=float, default=1800, help="Seconds to follow the run (1800).")
 
     def handle(self, *args, golden_set, version, workspace=None, no_reuse=False, concurrency=None, workers=False,

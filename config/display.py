@@ -1,0 +1,67 @@
+"""How the admin pages write numbers: one home, so a score, a rate or a cost reads the same on every page.
+
+Scores (0..1) to three places, rates as whole percents, US dollars with the precision their size needs
+("$4.23", "$0.0270", "$0.000012"), durations in the unit that suits them. None is "-" everywhere."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.contrib import admin
+
+DASH = "-"
+
+
+def score(value: float | None, digits: int = 3) -> str:
+    return DASH if value is None else f"{value:.{digits}f}"
+
+
+def percent(value: float | None) -> str:
+    return DASH if value is None else f"{value * 100:.0f}%"
+
+
+def usd(amount) -> str:
+    """Cents from a dollar up, four places below it, and two significant digits under a hundredth of a cent
+    (a cheap model's call), so nothing paid ever reads as "$0.0000"."""
+    if amount is None:
+        return DASH
+    value = Decimal(str(amount))
+    size = abs(value)
+    if size == 0:
+        return "$0.00"
+    places = 2 if size >= 1 else 4 if size >= Decimal("0.0001") else 1 - size.adjusted()
+    return f"{'-' if value < 0 else ''}${size:,.{places}f}"
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return DASH
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 120:
+        return f"{value:.1f} s"
+    if value < 7200:
+        return f"{value / 60:.1f} min"
+    return f"{value / 3600:.1f} h"
+
+
+FORMATS = {"score": score, "percent": percent, "usd": usd}
+
+
+def number_field(field: str, kind: str, description: str | None = None):
+    """An admin column or read-only field showing the model field `field` as a `kind` ("score", "usd",
+    "percent"); sortable by the field. Assign it in the ModelAdmin's body: `usd_cost_text = number_field(...)`."""
+    write = FORMATS[kind]
+
+    @admin.display(description=description or field.replace("_", " "), ordering=field)
+    def show(self, obj):
+        return write(getattr(obj, field))
+
+    return show
+
+
+def moment(value) -> str:
+    """A date and time in the current time zone, compact enough for a list column ("2026-12-01 10:17:05")."""
+    from django.utils import timezone
+
+    return DASH if value is None else timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S")
