@@ -29,6 +29,8 @@ TINY = {
                   "--repeats", "2"],
     # two processes: the ingests are driven in forked children
     "knowledge": ["--chunks", "2000", "--queries", "5", "--processes", "2"],
+    "providers": ["--latency", "0.2", "--in-flight", "8", "--invocations", "4", "--fans", "1", "--only", "seq3,fan",
+                  "--timeout", "300"],
     "workflows": ["--skip-workers", "--repeats", "3", "--no-profile"],  # its workers: test_workflows_bench.py
 }
 

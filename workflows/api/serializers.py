@@ -168,7 +168,7 @@ class VersionActivationSerializer(serializers.ModelSerializer):
 
     workspace = serializers.IntegerField(source="workflow.workspace_id", read_only=True)
     workflow_version_url = serializers.SerializerMethodField()
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
 
     class Meta:
         model = VersionActivation
