@@ -31,8 +31,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
+from config.display import moment, usd
 from config.display import seconds as seconds_text
-from config.display import usd
 from evals.models import GoldenSet
 from evals.services import EvalError, PromotionRefused
 from evolution import charts
@@ -199,8 +199,9 @@ class StartForm(forms.Form):
 
 @admin.register(EvolutionRun)
 class EvolutionRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
-    list_display = ("id", "workflow_link", "mode", "status_display", "generations_display", "best_fitness_display",
-                    "lift_display", "evaluations", "rollouts", "cost", "created_at")
+    # compact columns, so the list fits a laptop screen beside the filters
+    list_display = ("id", "workflow_link", "mode", "progress_display", "best_fitness_display", "lift_display",
+                    "work_display", "cost", "created")
     list_display_links = ("id",)
     list_filter = ("status", "mode", RunWorkflowFilter, WorkspaceFilter)
     show_facets = admin.ShowFacets.ALWAYS  # the status counts are the overview an operator comes for
@@ -267,6 +268,19 @@ class EvolutionRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     def generations_display(self, run):
         planned = run.planned if hasattr(run, "planned") else (run.config or {}).get("generations")
         return f"{run.generations_done} / {planned}" if planned not in (None, "") else str(run.generations_done)
+
+    @admin.display(description="status", ordering="status")
+    def progress_display(self, run):
+        return format_html('{}<br><span class="wf-muted">{} generations</span>', self.status_display(run),
+                           self.generations_display(run))
+
+    @admin.display(description="evaluations (rollouts)", ordering="evaluations")
+    def work_display(self, run):
+        return f"{run.evaluations} ({run.rollouts})"
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, run):
+        return moment(run.created_at)
 
     @admin.display(description="best fitness", ordering="best_fitness")
     def best_fitness_display(self, run):

@@ -183,8 +183,9 @@ def test_run_list_shows_workflow_mode_status_facets_progress_fitness_lift_and_co
     assert f"{small_run.best_fitness:.2f}" in html
     assert f'<span class="evo-up">{small_run.lift * 100:+.1f}%</span>' in html and small_run.lift > 0.1
     row = re.search(rf'<tr>.*?evolutionrun/{small_run.pk}/change/.*?</tr>', html, re.S).group(0)
-    assert f'<td class="field-evaluations">{small_run.evaluations}</td>' in row
-    assert f'<td class="field-rollouts">{small_run.rollouts}</td>' in row and "$0.00" in row
+    # evaluations (rollouts), in one column so the list fits a 1440 px screen
+    assert f'<td class="field-work_display">{small_run.evaluations} ({small_run.rollouts})</td>' in row
+    assert "$0.00" in row
     assert 'id="evo-start-link"' in html
 
     def listed(query):

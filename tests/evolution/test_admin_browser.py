@@ -9,6 +9,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from evolution.models import Generation, Individual
+from tests.browser import assert_fits_the_screen
 from tests.factories import MembershipFactory
 from workflows.services import workflow_version_activate
 
@@ -53,6 +54,7 @@ def test_operator_reads_a_run_follows_the_genealogy_and_promotes_the_best(live_s
     assert page.locator("#result_list tbody tr").count() == 1
     assert page.locator("#evo-start-link").is_visible()
     page.screenshot(path=str(tmp_path / "runs.png"), full_page=True)
+    assert_fits_the_screen(page)
 
     run = scene["run"]
     run_page = live_server.url + reverse("admin:evolution_evolutionrun_change", args=[run.pk])
