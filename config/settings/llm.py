@@ -180,8 +180,10 @@ EMBEDDING_PROVIDER = env_str("EMBEDDING_PROVIDER", "openai" if OPENAI_API_KEY el
 if EMBEDDING_PROVIDER not in ("openai", "offline", *LLM_PROVIDERS):
     raise ImproperlyConfigured(f"EMBEDDING_PROVIDER={EMBEDDING_PROVIDER!r} is not known: use 'offline', 'openai' or "
                                f"a provider of LLM_PROVIDERS ({', '.join(sorted(LLM_PROVIDERS)) or 'none'}).")
-EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", "text-embedding-3-small" if EMBEDDING_PROVIDER == "openai"
-                          else "wordllama-l2-supercat" if EMBEDDING_PROVIDER == "offline" else None)
+# a provider of LLM_PROVIDERS has no default model: EMBEDDING_MODEL is then required (refused by name when unset)
+_EMBEDDING_DEFAULTS = {"openai": "text-embedding-3-small", "offline": "wordllama-l2-supercat"}
+EMBEDDING_MODEL = (env_str("EMBEDDING_MODEL", _EMBEDDING_DEFAULTS[EMBEDDING_PROVIDER])
+                   if EMBEDDING_PROVIDER in _EMBEDDING_DEFAULTS else env_str("EMBEDDING_MODEL"))
 # The width of every stored vector: the knowledge tables' vector(N) column is created with it; a column of
 # another width is refused at start (`manage.py knowledge reembed` moves the stored vectors to the new width).
 EMBEDDING_DIMENSIONS = env_int("EMBEDDING_DIMENSIONS", 256 if EMBEDDING_MODEL.startswith("wordllama") else 384,

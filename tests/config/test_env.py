@@ -93,3 +93,10 @@ def test_manage_py_without_a_database_url_joins_the_running_services():
     assert result.returncode == 0, result.stderr
     assert "System check identified no issues" in result.stdout
     assert "[lineage]" not in result.stdout + result.stderr  # joined: nothing was started or stopped
+
+
+def test_an_embedding_provider_of_llm_providers_needs_its_model_named():
+    """An Ollama or vLLM entry has no default embedding model: start-up says so by name (it died on None)."""
+    result = _start(EMBEDDING_PROVIDER="ollama", LLM_PROVIDERS='{"ollama": {"base_url": "http://127.0.0.1:11434/v1"}}')
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "EMBEDDING_MODEL" in result.stderr.splitlines()[-1]
