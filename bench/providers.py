@@ -211,8 +211,8 @@ class Platform:
             "worker": [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO", "--concurrency", "2",
                        "-Q", "celery,turns,steps,ingest", "--hostname", f"benchturns-{suffix}@%h",
                        "--without-gossip", "--without-mingle"],
-            "llm-worker": [*llm_worker_command(python, in_flight=in_flight)[:-2], "--hostname",
-                           f"benchllm-{suffix}@%h", "--without-gossip", "--without-mingle"],
+            "llm-worker": [*llm_worker_command(python, in_flight=in_flight, hostname=f"benchllm-{suffix}@%h"),
+                           "--without-gossip", "--without-mingle"],
         }
         self.log_dir = log_dir
         self.processes: list[subprocess.Popen] = []

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from config.env import env_int, env_str
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DATA_DIR = BASE_DIR / ".data"
 DATABASE_NAME = "lineage"
@@ -341,11 +343,11 @@ def connection_budget(*, web_workers: int, celery_processes: int, llm_processes:
             f"processes x a pool of {pool})")
 
 
-def llm_worker_command(python: str, *, in_flight: int, queue: str = "llm") -> list[str]:
+def llm_worker_command(python: str, *, in_flight: int, queue: str = "llm", hostname: str = "llm@%h") -> list[str]:
     """The worker of model calls: one process, a threads pool of `in_flight` (each thread waits on a
     provider, not on the CPU), so many calls are in flight while turns stay on the prefork worker."""
     return [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO", "-Q", queue, "--pool", "threads",
-            "--concurrency", str(in_flight), "--hostname", "llm@%h"]
+            "--concurrency", str(in_flight), "--hostname", hostname]
 
 
 def _run_checked(command: list[str], env: dict[str, str]) -> None:
@@ -405,7 +407,8 @@ def command_run(args: argparse.Namespace) -> int:
         supervisor.spawn("worker", [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
                                     "--concurrency", str(args.concurrency), "-Q", args.queues,
                                     "--hostname", "worker@%h"], env)
-        supervisor.spawn("llm-worker", llm_worker_command(python, in_flight=args.llm_in_flight), env)
+        supervisor.spawn("llm-worker", llm_worker_command(python, in_flight=args.llm_in_flight,
+                                                                 queue=env_str("LLM_QUEUE", "llm")), env)
         supervisor.spawn("beat", [python, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO",
                                   "--schedule", str(supervisor.data_dir / "celerybeat-schedule")], env)
         _say(connection_budget(web_workers=args.web_workers, celery_processes=args.concurrency + 1,
@@ -490,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--web-workers", type=int, default=int(os.environ.get("LINEAGE_WEB_WORKERS", "2")))
     run.add_argument("--web-threads", type=int, default=int(os.environ.get("LINEAGE_WEB_THREADS", "4")))
     run.add_argument("--queues", default="celery,turns,steps,ingest")
-    run.add_argument("--llm-in-flight", type=int, default=int(os.environ.get("LLM_MAX_IN_FLIGHT") or 64))
+    run.add_argument("--llm-in-flight", type=int, default=env_int("LLM_MAX_IN_FLIGHT", 64, minimum=1, maximum=1024))
     run.set_defaults(func=command_run)
     ex = sub.add_parser("exec", help="run a command with the services up")
     ex.add_argument("--fast", action="store_true", help="tests: Postgres without fsync, Redis without persistence")
