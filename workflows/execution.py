@@ -30,6 +30,7 @@ from llm.chat import CallPutOff, ChatRequest, PutOff, ToolSpec, chat, clean_text
 from workflows.conf import workflow_settings
 from workflows.llm_cache import ChatCache
 from workflows.models import ContextEntry, Message, NodeInvocation, NodeVersion, WorkflowInvocation
+from workflows.selectors import node_calls
 from workflows.tools import ToolError, node_tools, tool_run
 from workspaces.models import Workspace
 
@@ -111,33 +112,15 @@ def invocation_fail(invocation_id: int, error: str, status: str = WorkflowInvoca
         unfinished = NodeInvocation.objects.filter(
             workflow_invocation_id=invocation_id, status__in=[NodeInvocation.Status.RUNNING,
                                                               NodeInvocation.Status.WAITING])
-        for pk, usage in _transcript_usage(unfinished).items():
-            NodeInvocation.objects.filter(pk=pk).update(**usage)
+        # their usage is written at their end, which they never reached: what their calls paid is in the transcript
+        for pk, calls in node_calls(invocation_id=invocation_id, node_ids=unfinished.values("pk")).items():
+            NodeInvocation.objects.filter(pk=pk).update(
+                usd_cost=calls.usd_cost, input_tokens=calls.input_tokens, output_tokens=calls.output_tokens,
+                llm_calls=calls.calls, cache_hits=calls.cache_hits, model=calls.models.split(", ")[-1])
         unfinished.update(status=NodeInvocation.Status.FAILED, error=error, ended_at=now())
         _update_totals(invocation_id)
         WorkflowInvocation.objects.filter(pk=invocation_id).exclude(status__in=WorkflowInvocation.TERMINAL).update(
             status=status, error=error, ended_at=now(), updated_at=now())
-
-
-def _transcript_usage(nodes) -> dict[int, dict]:
-    """What the model calls of `nodes` paid, from their transcripts (each answer is one call, written
-    by llm_call with its usage before its step's checkpoint), counted as the runner counts them: a
-    node writes its usage only at its end, so one that never got there would read as free."""
-    usage: dict[int, dict] = {}
-    answers = Message.objects.filter(node_invocation__in=nodes, role=Message.Role.ASSISTANT).order_by("seq")
-    for node_pk, call, cache_hit in answers.values_list("node_invocation_id", "payload__usage", "payload__cache_hit"):
-        total = usage.setdefault(node_pk, {"usd_cost": Decimal(0), "input_tokens": 0, "output_tokens": 0,
-                                           "llm_calls": 0, "cache_hits": 0, "model": ""})
-        call = call or {}
-        total["llm_calls"] += 1
-        total["model"] = call.get("model") or total["model"]
-        if cache_hit:
-            total["cache_hits"] += 1
-            continue
-        total["usd_cost"] += Decimal(str(call.get("usd_cost") or 0))
-        total["input_tokens"] += int(call.get("input_tokens") or 0)
-        total["output_tokens"] += int(call.get("output_tokens") or 0)
-    return usage
 
 
 def _update_totals(invocation_id: int) -> None:

@@ -159,18 +159,24 @@ class NodeCalls:
     models: str
 
 
-def node_calls(*, invocation_id: int) -> dict[int, NodeCalls]:
-    """{node invocation id: its calls so far} from the answers in the transcript, one query. A node writes its
-    totals when it ends; a running or waiting node has only these (each answer is recorded as it arrives)."""
+def node_calls(*, invocation_id: int, node_ids=None) -> dict[int, NodeCalls]:
+    """{node invocation id: its calls so far} from the answers in the transcript, one query, counted as the
+    runner counts them (an answer from the cache is a call that paid nothing: its usage is the original
+    call's). A node writes its totals when it ends; a running or waiting node has only these (each answer
+    is recorded as it arrives), and so has one ended with its invocation (cancelled, failed)."""
     usage = "payload__usage__"
-    rows = (Message.objects.filter(workflow_invocation_id=invocation_id, role=Message.Role.ASSISTANT,
-                                   node_invocation__isnull=False)
-            .values("node_invocation_id").order_by("node_invocation_id")
+    paid = ~Q(payload__cache_hit=True)
+    answers = Message.objects.filter(workflow_invocation_id=invocation_id, role=Message.Role.ASSISTANT,
+                                     node_invocation__isnull=False)
+    if node_ids is not None:
+        answers = answers.filter(node_invocation_id__in=node_ids)
+    rows = (answers.values("node_invocation_id").order_by("node_invocation_id")
             .annotate(calls=Count("pk"),
                       cache_hits=Count("pk", filter=Q(payload__cache_hit=True)),
-                      input_tokens=Sum(Cast(KT(f"{usage}input_tokens"), BigIntegerField())),
-                      output_tokens=Sum(Cast(KT(f"{usage}output_tokens"), BigIntegerField())),
-                      usd_cost=Sum(Cast(KT(f"{usage}usd_cost"), DecimalField(max_digits=18, decimal_places=10))),
+                      input_tokens=Sum(Cast(KT(f"{usage}input_tokens"), BigIntegerField()), filter=paid),
+                      output_tokens=Sum(Cast(KT(f"{usage}output_tokens"), BigIntegerField()), filter=paid),
+                      usd_cost=Sum(Cast(KT(f"{usage}usd_cost"), DecimalField(max_digits=18, decimal_places=10)),
+                                   filter=paid),
                       models=StringAgg(KT("payload__model"), ", ", distinct=True, default="")))
     return {row.pop("node_invocation_id"): NodeCalls(
         calls=row["calls"], cache_hits=row["cache_hits"], input_tokens=row["input_tokens"] or 0,

@@ -411,3 +411,22 @@ def test_a_second_run_cannot_drive_an_invocation_another_run_drives(make_version
     assert run.status == "failed" and "is driven by run" in run.error
     invocation.refresh_from_db()
     assert invocation.status == "queued" and invocation.durable_run_id != intruder.pk
+
+
+def test_an_open_nodes_calls_count_an_answer_from_the_cache_as_paying_nothing(make_version, settle, settings):
+    """node_calls counts as the runner does: a cached answer keeps its original usage, but it is a call that
+    paid nothing (the admin's open-node figures and a cancelled node's totals read it; it used to sum it)."""
+    from workflows.selectors import node_calls
+
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 2000}}
+    settings.LLM_CACHE_ENABLED = False
+    invocation = settle(invocation_start(version=make_version(graph("a", node("a", approval=True))),
+                                         input={"text": "price check"}))
+    (call,) = Message.objects.filter(workflow_invocation=invocation, role="assistant")
+    (ran,) = nodes_of(invocation)
+    Message.objects.create(workflow_invocation=invocation, node_invocation=ran, seq=call.seq + 1, role="assistant",
+                           payload={**call.payload, "cache_hit": True})
+    calls = node_calls(invocation_id=invocation.pk)[ran.pk]
+    assert (calls.calls, calls.cache_hits) == (2, 1)
+    assert calls.usd_cost == Decimal(call.payload["usage"]["usd_cost"]) > 0
+    assert calls.output_tokens == call.payload["usage"]["output_tokens"]
