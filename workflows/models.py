@@ -281,8 +281,10 @@ class NodeInvocation(models.Model):
 
     @property
     def throttled(self) -> bool:
-        """A model call of this running node waits for a provider limit or a rate limit's end."""
-        return self.status == self.Status.RUNNING and self.throttled_until is not None
+        """A model call of this running node waits for a provider limit or a rate limit's end (a wait that
+        is over, its call asked again or failed since, is not a throttle)."""
+        return (self.status == self.Status.RUNNING and self.throttled_until is not None
+                and self.throttled_until > timezone.now())
 
 
 class Message(models.Model):
