@@ -11,7 +11,7 @@ from workflows.models import WorkflowVersion
 
 
 def seed(stdout) -> None:
-    from knowledge.demo import demo_workspace
+    from workspaces.demo import demo_workspace
 
     workspace = demo_workspace()
     report = seed_agents(workspace=workspace)

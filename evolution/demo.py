@@ -14,7 +14,7 @@ CONFIG = {"population": 6, "generations": 4, "seed": 1}
 
 
 def seed(stdout) -> None:
-    from knowledge.demo import demo_workspace
+    from workspaces.demo import demo_workspace
 
     workspace = demo_workspace()
     workflow = Workflow.objects.filter(workspace=workspace, name=AGENT).first()

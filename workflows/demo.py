@@ -71,7 +71,7 @@ def with_model(dsl: dict, model: str) -> dict:
 
 
 def seed(stdout) -> None:
-    from knowledge.demo import demo_workspace
+    from workspaces.demo import demo_workspace
 
     workspace = demo_workspace()
     for name, description, template, example in DEMOS:

@@ -25,7 +25,7 @@ class Command(BaseCommand):
             if target is None:
                 raise CommandError(f"No workspace with the slug {workspace!r}.")
         else:
-            from knowledge.demo import demo_workspace
+            from workspaces.demo import demo_workspace
 
             target = demo_workspace()
         try:
