@@ -113,6 +113,10 @@ def test_reembed_moves_the_vectors_to_the_new_width_and_restarts_each_stale_sour
     fresh = KnowledgeSourceFactory(workspace=workspace, chunk_count=3)
     KnowledgeSourceFactory(workspace=workspace, chunk_count=0)  # nothing to re-embed: ingest it instead
     settings.EMBEDDING_DIMENSIONS = 128
+    # the column is every workspace's: re-embedding one would leave the others searching placeholder vectors
+    with pytest.raises(CommandError, match="re-embeds every workspace; run it without --workspace"):
+        call_command("knowledge", "reembed", "--workspace", workspace.slug)
+    assert embedding_column_width() == width
     out = StringIO()
     call_command("knowledge", "reembed", "--background", stdout=out)
     assert embedding_column_width() == 128

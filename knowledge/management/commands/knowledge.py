@@ -34,6 +34,9 @@ class Command(BaseCommand):
                 raise CommandError(f"No workspace with the slug {workspace!r}.")
         width, wanted = embedding_column_width(), settings.EMBEDDING_DIMENSIONS
         if width is not None and width != wanted:
+            if workspace:  # the column is every workspace's: the others would search placeholder vectors
+                raise CommandError(f"The stored vectors are {width} wide and EMBEDDING_DIMENSIONS is {wanted}: a "
+                                   "change of width re-embeds every workspace; run it without --workspace.")
             services.embedding_width_change(dimensions=wanted)
             self.stdout.write(f"stored vectors moved from {width} to {wanted} dimensions; every indexed source "
                               "is marked for re-embedding")
