@@ -35,6 +35,22 @@ TINY = {
 }
 
 
+def _providers_measured_every_call(results: dict) -> None:
+    """The providers benchmark at its tiny size: every call answered, against its ceiling, measured."""
+    seq3, fan = results["scenarios"]
+    assert seq3["calls"] == 12 and seq3["statuses"] == {"completed": 4}
+    assert fan["calls"] == 18 and fan["statuses"] == {"completed": 1}
+    for scenario in (seq3, fan):
+        assert scenario["ceiling"]["calls"] == scenario["calls"] and scenario["ratio"] > 0
+        assert scenario["peak_in_flight"] >= 1 and scenario["peak_postgres_connections"] >= 1
+        assert scenario["peak_worker_rss_mb"] > 0 and scenario["engine_ms_per_call"]["median"] is not None
+    assert set(results["targets"]) == {"seq3_vs_ceiling", "fan_vs_ceiling"}
+
+
+# what a benchmark's tiny run must have measured, beyond writing its results
+CHECKS = {"providers": _providers_measured_every_call}
+
+
 def test_the_benchmarks_are_listed_and_each_has_a_tiny_size():
     names = bench_main.available()
     assert {"durable_steps", "durable_fan", "durable_timers"} <= set(names)
@@ -52,6 +68,8 @@ def test_the_benchmark_runs_end_to_end_at_a_tiny_size(name, tmp_path):
     assert done.returncode == 0, (done.stdout[-4000:], done.stderr[-4000:])
     results = json.loads((tmp_path / f"{name}.json").read_text())
     assert results and "Traceback" not in done.stderr
+    if name in CHECKS:
+        CHECKS[name](results)
 
 
 def test_table_and_summary_helpers(capsys):
@@ -129,30 +147,3 @@ def test_the_providers_server_limits_a_window_and_the_ceiling_makes_every_call()
             providers.ceiling(server.url, [[1]], in_flight=1)
         assert server.refused == 1
     assert providers.window_share([0.0, 1.0, 61.0], per_minute=2) == 0.75
-
-
-@pytest.mark.worker
-@pytest.mark.django_db(transaction=True)
-def test_the_providers_benchmark_runs_its_scenarios_at_a_tiny_size(settings):
-    import os
-    from urllib.parse import urlsplit, urlunsplit
-
-    from django.db import connection
-
-    from bench import providers
-
-    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-bench"
-    settings.OPENAI_BASE_URL = "http://127.0.0.1:9/v1"
-    name = connection.settings_dict["NAME"]
-    database_url = urlunsplit(urlsplit(os.environ["DATABASE_URL"])._replace(path="/" + name))
-    args = providers.parse(["--latency", "0.2", "--in-flight", "8", "--invocations", "4", "--fans", "1",
-                            "--only", "seq3,fan"])
-    results = providers.run_scenarios(args, database=name, database_url=database_url)
-    seq3, fan = results["scenarios"]
-    assert seq3["calls"] == 12 and seq3["statuses"] == {"completed": 4}
-    assert fan["calls"] == 18 and fan["statuses"] == {"completed": 1}
-    for scenario in (seq3, fan):
-        assert scenario["ceiling"]["calls"] == scenario["calls"] and scenario["ratio"] > 0
-        assert scenario["peak_in_flight"] >= 1 and scenario["peak_postgres_connections"] >= 1
-        assert scenario["peak_worker_rss_mb"] > 0 and scenario["engine_ms_per_call"]["median"] is not None
-    assert set(providers.targets_of(results)) == {"seq3_vs_ceiling", "fan_vs_ceiling"}
