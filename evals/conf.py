@@ -14,6 +14,7 @@ class EvalSettings:
     bootstrap_resamples: int  # resamples of the paired bootstrap giving the mean difference's 95% interval
     max_items_per_set: int  # items a golden set may hold (item create and import refuse more)
     regex_timeout: float  # seconds one grader may spend matching user patterns on one answer (then a grading error)
+    rewriter_model: str  # the model that rewrites prompts; "" is the rewritten node's own model
 
 
 def eval_settings() -> EvalSettings:
@@ -25,4 +26,5 @@ def eval_settings() -> EvalSettings:
         bootstrap_resamples=int(getattr(settings, "EVAL_BOOTSTRAP_RESAMPLES", 10_000)),
         max_items_per_set=int(getattr(settings, "EVAL_MAX_ITEMS_PER_SET", 5000)),
         regex_timeout=float(getattr(settings, "EVAL_REGEX_TIMEOUT_SECONDS", 2.0)),
+        rewriter_model=getattr(settings, "EVAL_REWRITER_MODEL", "") or "",
     )

@@ -130,7 +130,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from django.conf import settings
 from jsonschema.exceptions import SchemaError
 
 from config import user_regex
@@ -481,7 +480,7 @@ def grade(actual: str, item: ItemSpec, graders: list[dict], *, output_schema: di
     labels: list[str] = []
     for entry in entries:
         if entry["kind"] == "llm_judge":
-            model = entry.get("model") or judge_model or settings.EVAL_JUDGE_MODEL or settings.LLM_DEFAULT_MODEL
+            model = entry.get("model") or judge_model or eval_settings().judge_model
             try:
                 offline = resolve_model(model).provider == OFFLINE_PROVIDER
             except UnknownModel as exc:

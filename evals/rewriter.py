@@ -279,9 +279,9 @@ def offline_proposal(version: WorkflowVersion, node_id: str, failures: list[Gold
 
 def rewriter_model(node: dict) -> str:
     """The model that rewrites `node`'s prompt: EVAL_REWRITER_MODEL, else the node's own model."""
-    from django.conf import settings
+    from evals.conf import eval_settings
 
-    return getattr(settings, "EVAL_REWRITER_MODEL", "") or node["gatewayModelId"]
+    return eval_settings().rewriter_model or node["gatewayModelId"]
 
 
 def model_proposal(version: WorkflowVersion, node_id: str, failures: list[GoldenResult]) -> Proposal:

@@ -49,8 +49,7 @@ def golden_set_ensure_idle(*, golden_set_id: int) -> None:
     """Refuse (GoldenSetBusy) a change or deletion of a set's items, or of the set, while an eval run of it is
     queued or running: its results are keyed on the contents it started with. Call it in the transaction
     that writes the change; the API answers 409, the admin shows the message and saves nothing."""
-    if EvalRun.objects.filter(golden_set_id=golden_set_id,
-                              status__in=(EvalRun.Status.QUEUED, EvalRun.Status.RUNNING)).exists():
+    if EvalRun.objects.filter(golden_set_id=golden_set_id, status__in=EvalRun.ACTIVE).exists():
         raise GoldenSetBusy(golden_set_id)
 
 
