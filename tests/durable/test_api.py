@@ -233,7 +233,6 @@ def test_caller_chosen_run_ids_are_per_workspace(api_as, owner, outsider, worksp
     run of the caller's), and reads by that id resolve within the caller's workspaces."""
     theirs = api_as(outsider).post(RUNS, {"workflow": "tests.sequence", "workspace": other_workspace.pk,
                                           "run_id": "nightly", "input": {"steps": 1}}, format="json")
-    api_as(owner)
     fresh = api_as(owner).post(RUNS, {"workflow": "tests.sequence", "workspace": workspace.pk,
                                       "run_id": "fresh", "input": {"steps": 2}}, format="json")
     ours = api_as(owner).post(RUNS, {"workflow": "tests.sequence", "workspace": workspace.pk,
