@@ -40,7 +40,7 @@ from functools import lru_cache
 
 from django.conf import settings
 
-from llm.providers import OFFLINE_PROVIDER, configured_providers
+from llm.providers import OFFLINE_PROVIDER, configured_providers, structured_outputs
 from llm.retry import RetryPolicy, wait
 from llm.usage import Usage, record_usage
 
@@ -290,8 +290,7 @@ def structured_output_format(model_name: str, schema: dict | None) -> dict | Non
         resolved = resolve_model(model_name)
     except UnknownModel:
         return None
-    config = configured_providers().get(resolved.provider)
-    if config is None or not config.structured_outputs:
+    if not structured_outputs(resolved.provider):
         return None
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema,
                                                    "strict": _strict_compatible(schema)}}

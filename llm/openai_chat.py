@@ -17,6 +17,7 @@ from llm.chat import (
     parse_tool_arguments,
 )
 from llm.model_options import model_options
+from llm.providers import structured_outputs
 from llm.retry import retry_after_of
 from llm.usage import Usage, estimate_tokens
 
@@ -49,7 +50,8 @@ class OpenAIChatProvider(ChatProvider):
         if request.tools:
             kwargs["tools"] = [tool.as_openai() for tool in request.tools]
             kwargs["tool_choice"] = "auto"
-        if request.response_format:
+        if request.response_format and (request.response_format.get("type") != "json_schema"
+                                        or structured_outputs(resolved.provider)):
             kwargs["response_format"] = request.response_format
         if request.max_tokens is not None:
             kwargs[options.token_limit_param] = request.max_tokens

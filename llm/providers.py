@@ -95,3 +95,10 @@ def provider_limits(provider: str, model: str) -> ProviderLimits:
     (no limits for a provider that is not configured)."""
     config = provider_config(provider)
     return config.limits_for(model) if config else ProviderLimits()
+
+
+def structured_outputs(provider: str) -> bool:
+    """Whether `provider` honours a json_schema response_format (its ``structured_outputs`` flag); a
+    request to one that does not goes without it, and its prompt asks for the format."""
+    config = configured_providers().get(provider)
+    return config is not None and config.structured_outputs

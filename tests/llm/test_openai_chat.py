@@ -182,3 +182,14 @@ def test_in_a_durable_step_a_rate_limit_is_put_off_not_slept(online):
     with pytest.raises(TransientChatError, match=r"after 4 attempts.*overloaded"):
         chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()), put_off=PutOff(caller="c1", retries_done=3))
     assert online.sleeps == []
+
+
+@pytest.mark.parametrize("structured", [True, False])
+def test_a_json_schema_response_format_reaches_only_a_provider_with_structured_outputs(online, settings, structured):
+    """Whoever builds the request (a node's outputSchema, the conditional router's choice), a json_schema
+    response_format goes only to a provider whose structured_outputs flag is on; the prompts ask for JSON."""
+    settings.LLM_PROVIDERS = {"local": {"base_url": online.url("/v1"), "structured_outputs": structured}}
+    route = {"type": "json_schema", "json_schema": {"name": "route", "strict": True, "schema": {"type": "object"}}}
+    chat(ChatRequest(model="local#qwen2.5:14b", messages=_messages(), response_format=route))
+    (payload,) = online.chat_payloads
+    assert ("response_format" in payload) is structured
