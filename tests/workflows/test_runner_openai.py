@@ -363,7 +363,7 @@ def test_an_llm_worker_killed_with_calls_in_flight_asks_no_answered_call_again(m
             recorded = set(Message.objects.filter(workflow_invocation__in=invocations, role="assistant")
                            .values_list("workflow_invocation__input__text", "seq"))
             assert recorded, "no answer was recorded before the kill"
-            workers.append(split_workers("resume", server.url("/v1"), in_flight=64)[1])
+            workers.extend(split_workers("resume", server.url("/v1"), in_flight=64))  # both, so both are stopped
             drive_until_ended(invocations, timeout=120)
         finally:
             stop_process_groups(workers, timeout=20)
