@@ -7,7 +7,7 @@ from django.conf import settings
 
 @dataclass(frozen=True)
 class EvalSettings:
-    concurrency: int  # items of one eval run invoked at once (each a child run of the eval run)
+    concurrency: int  # items of one eval run in flight at once (its lanes: child runs taking their items in turn)
     judge_model: str  # the LLM judge's model (answered offline without a key: the judge then falls back)
     alpha: float  # the significance level a promotion needs (paired Wilcoxon signed-rank test)
     critical_tolerance: float  # a critical item may lose at most this much score in a promotion
@@ -19,7 +19,7 @@ class EvalSettings:
 
 def eval_settings() -> EvalSettings:
     return EvalSettings(
-        concurrency=int(getattr(settings, "EVAL_CONCURRENCY", 4)),
+        concurrency=int(getattr(settings, "EVAL_CONCURRENCY", 16)),
         judge_model=settings.EVAL_JUDGE_MODEL or settings.LLM_DEFAULT_MODEL,
         alpha=float(getattr(settings, "EVAL_ALPHA", 0.05)),
         critical_tolerance=float(getattr(settings, "EVAL_CRITICAL_TOLERANCE", 0.1)),

@@ -1,12 +1,17 @@
 """Eval runs as durable runs.
 
 ``evals.run`` scores a workflow version on a golden set: results it may reuse are recorded first;
-the other items run in batches of `concurrency` workflow invocations (child runs of
-``workflows.invoke``, joined with ``ctx.all``), then each is graded in its own step, every call of
-its judge in a step of its own (so grading redone after a crash never pays the judge twice). A crashed
-eval run resumes where it stopped: finished invocations and graded items are never redone. A run
-given a budget of its own (`run_usd_budget`: an evolution passes down what it has left) starts no
-batch once its invocations and judge have spent it, and fails saying so.
+the other items are dealt round-robin to `concurrency` lanes (child runs of ``evals.lane``, joined
+with ``ctx.all``: the eval run wakes once, when every lane has ended). A lane takes its items one
+after the other: the item's invocation (a child run of ``workflows.invoke``), then its grading in a
+step, every call of its judge in a step of its own (so grading redone after a crash never pays the
+judge twice). So `concurrency` items are in flight at any time, no lane waits for another's slowest
+item, and no run replays a history longer than its own share of the items (a 1,000-item eval run at
+concurrency 16 is 16 lanes of about 63 items, not one history of thousands of checkpoints). A
+crashed eval run resumes where it stopped: finished invocations and graded items are never redone.
+A run given a budget of its own (`run_usd_budget`: an evolution passes down what it has left)
+starts no item once its invocations and judge have spent it (each lane checks before each item),
+and fails saying so.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ from __future__ import annotations
 from decimal import Decimal
 
 from durable import workflow
+from durable import ChildFailed
 from durable.engine import Child
 from evals import execution
-from workflows.durable_workflows import INVOKE_WORKFLOW, begin_row, describe
+from workflows.durable_workflows import INVOKE_WORKFLOW, RunRefused, begin_row, describe
 
 EVAL_WORKFLOW = "evals.run"
+LANE_WORKFLOW = "evals.lane"
 
 
 class BudgetSpent(Exception):
@@ -33,26 +40,45 @@ def eval_run(ctx, input: dict) -> dict:
     if "ended" in plan:
         return {"status": plan["ended"]}
     try:
-        pending, cap = plan["pending"], max(1, plan["concurrency"])
-        budget = plan.get("run_usd_budget")
-        for batch_number, start in enumerate(range(0, len(pending), cap)):
-            if budget is not None:
-                spent = Decimal(ctx.step(f"spent:{batch_number}", execution.eval_spent, eval_run_id))
-                if execution.usd_budget_spent(spent, Decimal(budget)):
-                    raise BudgetSpent(f"USD budget spent: ${spent:.6f} of ${Decimal(budget):.6f} after {start} of "
-                                      f"{len(pending)} items to run; the others were not started")
-            batch = pending[start:start + cap]
-            invocations = ctx.transaction(f"invocations:{batch_number}", execution.eval_invocations_create,
-                                          eval_run_id, batch)
-            ctx.all([Child(INVOKE_WORKFLOW, {"invocation_id": invocations[str(item)]}, name=f"item:{item}")
-                     for item in batch], return_exceptions=True)
-            for item in batch:
-                grade_item(ctx, eval_run_id, item, invocations[str(item)], plan["keys"][str(item)])
+        pending = plan["pending"]
+        lanes = min(max(1, plan["concurrency"]), len(pending))
+        ended = ctx.all([Child(LANE_WORKFLOW, {"eval_run_id": eval_run_id, "items": pending[lane::lanes],
+                                               "keys": {str(item): plan["keys"][str(item)] for item in pending[lane::lanes]},
+                                               "run_usd_budget": plan.get("run_usd_budget")},
+                               name=f"lane:{lane}") for lane in range(lanes)], mode="fail_fast")
+        spent = [lane["budget_spent"] for lane in ended if lane.get("budget_spent")]
+        if spent:
+            raise BudgetSpent(spent[0])
         summary = ctx.transaction("finish", execution.eval_finish, eval_run_id)
     except Exception as exc:
         ctx.step("fail", execution.eval_fail, eval_run_id, describe(exc))
         raise
     return summary
+
+
+@workflow(LANE_WORKFLOW)  # started by evals.run only, as its child
+def eval_lane(ctx, input: dict) -> dict:
+    """Input: {"eval_run_id", "items": [item ids, in order], "keys": {item: reuse key}, "run_usd_budget"}.
+    Invokes and grades the items one after the other; stops before an item once the run's own
+    budget is spent, returning {"budget_spent": why}."""
+    eval_run_id, items, budget = int(input["eval_run_id"]), list(input["items"]), input.get("run_usd_budget")
+    refused = ctx.step("begin", execution.eval_lane_begin, eval_run_id, ctx.namespace, ctx.run_id)
+    if refused:
+        raise RunRefused(refused)
+    for done, item in enumerate(items):
+        if budget is not None:
+            spent = Decimal(ctx.step(f"spent:{item}", execution.eval_spent, eval_run_id))
+            if execution.usd_budget_spent(spent, Decimal(budget)):
+                return {"budget_spent": f"USD budget spent: ${spent:.6f} of ${Decimal(budget):.6f}; this lane "
+                                        f"had run {done} of its {len(items)} items, the others were not started"}
+        invocation = ctx.transaction(f"invocation:{item}", execution.eval_invocations_create, eval_run_id,
+                                     [item])[str(item)]
+        try:
+            ctx.child(INVOKE_WORKFLOW, {"invocation_id": invocation}, name=f"item:{item}")
+        except ChildFailed:
+            pass  # the invocation recorded its failure: graded as the version's (score 0)
+        grade_item(ctx, eval_run_id, item, invocation, input["keys"][str(item)])
+    return {"items": len(items)}
 
 
 def grade_item(ctx, eval_run_id: int, item: int, invocation_id: int, key: str) -> None:

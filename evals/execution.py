@@ -1,7 +1,7 @@
 """The writes of an eval run, each called as one durable step by evals/durable_workflows.py.
 
 Idempotent like the workflow runner's: results are unique per (run, item) and written with
-ignore-conflicts; the invocations of a batch are created in a ``ctx.transaction`` (exactly once);
+ignore-conflicts; an item's invocation is created in a ``ctx.transaction`` (exactly once);
 aggregates are recomputed from the results.
 """
 
@@ -103,6 +103,17 @@ def eval_begin(eval_run_id: int, namespace: str, run_id: str) -> dict:
             "run_usd_budget": run.config.get("run_usd_budget")}
 
 
+def eval_lane_begin(eval_run_id: int, namespace: str, lane_run_id: str) -> str:
+    """Why a lane may not work for the eval run ("" when it may): a lane is a child run of the run
+    driving the eval run, in its workspace's namespace."""
+    run = EvalRun.objects.filter(pk=eval_run_id).values("workspace_id", "durable_run_id").first()
+    if run is None or Workspace.namespace_of(run["workspace_id"]) != namespace:
+        return f"eval run {eval_run_id} does not belong to this run's workspace"
+    if not run["durable_run_id"] or not lane_run_id.startswith(f"{run['durable_run_id']}/"):
+        return f"eval run {eval_run_id} is driven by run {run['durable_run_id']}, of which this run is not a lane"
+    return ""
+
+
 def usd_budget_spent(spent: Decimal, budget: Decimal) -> bool:
     """Whether `spent` used up `budget`. Nothing spent never has (so a free model runs on a zero
     budget, which then stops at the first paid call)."""
@@ -123,7 +134,7 @@ def eval_spent(eval_run_id: int) -> str:
 
 
 def eval_invocations_create(eval_run_id: int, item_ids: list[int]) -> dict:
-    """The invocations of a batch of items (run in a ``ctx.transaction``: created exactly once), each
+    """The invocations of items (run in a ``ctx.transaction``: created exactly once), each
     naming the eval run's run as its parent. Returns {item id: invocation id}."""
     run = EvalRun.objects.select_related("workflow_version").get(pk=eval_run_id)
     items = GoldenItem.objects.in_bulk(item_ids)

@@ -19,7 +19,7 @@ DEFAULTS = {
     "time_limit_seconds": 3600,
     "convergence_generations": 5,
     "convergence_epsilon": 0.001,
-    "concurrency": 4,  # item invocations of one eval run at once
+    "concurrency": 8,  # items of one eval run in flight at once (x population: about LLM_MAX_IN_FLIGHT)
     "minibatch": 3,  # reflective mode: items a candidate is first scored on
     "mutation_weights": None,  # None: REFERENCE.md's (evolution/operators.py MUTATION_WEIGHTS)
 }

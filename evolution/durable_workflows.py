@@ -22,7 +22,7 @@ choices and repeats no evaluation. Stop rules: USD budget, evaluation cap, time 
 (the best fitness improving by less than epsilon in each of the last N generations), or the
 generations done. The USD budget is checked before each evaluation too, and what is left of it is
 shared among the eval runs an evaluation starts, each stopping its items once its share is spent: a
-generation overshoots by at most one batch of item invocations per eval run. Every paid call
+generation overshoots by at most one item invocation per lane of each eval run (`concurrency`). Every paid call
 counts, whatever became of its eval run. An operator may pause the run (it then waits at the next
 generation boundary for the signal `resume:<boundary>` that evolution_resume sends) or cancel it.
 """

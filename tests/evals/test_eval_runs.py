@@ -1,5 +1,7 @@
 """Eval runs: durable, graded, aggregated, reused; comparison, promotion and rollback."""
 
+from collections import Counter
+
 import pytest
 
 from durable.models import DurableRun
@@ -27,7 +29,9 @@ def test_an_eval_run_invokes_each_item_grades_it_and_aggregates(facts, support_s
     results = list(GoldenResult.objects.filter(eval_run=run).select_related("workflow_invocation"))
     assert len(results) == run.items_total == run.items_done == 6
     assert all(r.workflow_invocation.status == "completed" and r.grader for r in results)
-    assert all(r.workflow_invocation.durable_run.parent_id == run.durable_run_id for r in results)
+    lanes = {r.workflow_invocation.durable_run.parent for r in results}  # each item runs in one of the run's lanes
+    assert {lane.workflow for lane in lanes} == {"evals.lane"} and {lane.parent_id for lane in lanes} == {run.durable_run_id}
+    assert all(r.workflow_invocation.parent_run_id == run.durable_run_id for r in results)
     assert run.avg_score == pytest.approx(sum(r.score for r in results) / 6, abs=1e-6)
     assert run.pass_rate == pytest.approx(sum(r.passed for r in results) / 6, abs=1e-6)
     assert run.latency_p50_ms is not None and run.latency_p95_ms >= run.latency_p50_ms
@@ -229,7 +233,9 @@ def test_cancelling_an_eval_run_before_its_items_start_ends_their_invocations(su
     from workflows.execution import invocations_reconcile
 
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=6)
-    engine.execute_turn(run.durable_run_id)  # begun: the items' invocations are written, their runs not begun
+    engine.execute_turn(run.durable_run_id)  # begun: its six lanes started
+    for lane in DurableRun.objects.filter(parent_id=run.durable_run_id):
+        engine.execute_turn(lane.id)  # each lane wrote its first item's invocation, whose run has not begun
     invocations = WorkflowInvocation.objects.filter(workflow_version=support_versions[0])
     assert invocations.count() == 6 and set(invocations.values_list("status", flat=True)) == {"queued"}
     assert eval_run_cancel(eval_run=run)
@@ -314,3 +320,40 @@ def test_an_item_graded_again_after_a_crash_does_not_pay_its_judge_again(workspa
     result = GoldenResult.objects.get(eval_run=run)
     assert result.score == 0.8 and result.judge_usd > 0 and run.judge_usd == result.judge_usd
     assert len(judge.chat_payloads) == 1  # answered from its step's checkpoint the second time
+
+
+def test_a_wide_eval_run_deals_its_items_to_lanes_and_replays_no_growing_history(workspace, support_versions,
+                                                                                  evaluate):
+    from durable.models import StepCheckpoint
+    from evals.services import golden_item_add, golden_set_create
+
+    golden = golden_set_create(workspace=workspace, name="wide", graders=[{"kind": "token_f1"}])
+    for number in range(40):
+        golden_item_add(golden_set=golden, input={"text": f"question {number}"}, expected_output=f"answer {number}")
+    run = evaluate(golden, support_versions[0], concurrency=4)
+    assert run.status == EvalRun.Status.COMPLETED, run.error
+    assert run.items_done == 40 and GoldenResult.objects.filter(eval_run=run).count() == 40
+    # the eval run's own history does not grow with its items: begin, its four lanes, finish
+    assert StepCheckpoint.objects.filter(run_id=run.durable_run_id).count() <= 7
+    lanes = DurableRun.objects.filter(parent_id=run.durable_run_id, workflow="evals.lane")
+    assert lanes.count() == 4
+    items_per_lane = sorted(DurableRun.objects.filter(parent__in=lanes, workflow="workflows.invoke")
+                            .values_list("parent_id", flat=True))
+    assert sorted(Counter(items_per_lane).values()) == [10, 10, 10, 10]
+
+
+def test_a_lane_refuses_an_eval_run_it_was_not_started_for(support_set, support_versions, workspace):
+    from durable.inprocess import run_until_settled
+    from durable.services import run_start
+    from workspaces.models import Workspace
+
+    run = eval_run_start(golden_set=support_set, version=support_versions[0])
+    item = support_set.items.first()
+    lane = run_start(workflow="evals.lane", input={"eval_run_id": run.pk, "items": [item.pk],
+                                                   "keys": {str(item.pk): "k"}},
+                     namespace=Workspace.namespace_of(workspace.pk))
+    run_until_settled(lane.id, max_wait=30)
+    lane.refresh_from_db()
+    assert lane.status == "failed" and "of which this run is not a lane" in lane.error
+    assert not WorkflowInvocation.objects.filter(workflow_version=support_versions[0]).exists()
+    assert not GoldenResult.objects.filter(eval_run=run).exists()
