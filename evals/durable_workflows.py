@@ -16,11 +16,10 @@ and fails saying so.
 
 from __future__ import annotations
 
+import contextlib
 from decimal import Decimal
 
-from durable import workflow
-from durable import ChildFailed
-from durable.engine import Child
+from durable import Child, ChildFailed, workflow
 from evals import execution
 from workflows.durable_workflows import INVOKE_WORKFLOW, RunRefused, begin_row, describe
 
@@ -42,10 +41,8 @@ def eval_run(ctx, input: dict) -> dict:
     try:
         pending = plan["pending"]
         lanes = min(max(1, plan["concurrency"]), len(pending))
-        ended = ctx.all([Child(LANE_WORKFLOW, {"eval_run_id": eval_run_id, "items": pending[lane::lanes],
-                                               "keys": {str(item): plan["keys"][str(item)] for item in pending[lane::lanes]},
-                                               "run_usd_budget": plan.get("run_usd_budget")},
-                               name=f"lane:{lane}") for lane in range(lanes)], mode="fail_fast")
+        ended = ctx.all([Child(LANE_WORKFLOW, lane_input(eval_run_id, plan, pending[lane::lanes]), name=f"lane:{lane}")
+                         for lane in range(lanes)], mode="fail_fast")
         spent = [lane["budget_spent"] for lane in ended if lane.get("budget_spent")]
         if spent:
             raise BudgetSpent(spent[0])
@@ -54,6 +51,11 @@ def eval_run(ctx, input: dict) -> dict:
         ctx.step("fail", execution.eval_fail, eval_run_id, describe(exc))
         raise
     return summary
+
+
+def lane_input(eval_run_id: int, plan: dict, items: list[int]) -> dict:
+    return {"eval_run_id": eval_run_id, "items": items, "keys": {str(item): plan["keys"][str(item)] for item in items},
+            "run_usd_budget": plan.get("run_usd_budget")}
 
 
 @workflow(LANE_WORKFLOW)  # started by evals.run only, as its child
@@ -73,10 +75,8 @@ def eval_lane(ctx, input: dict) -> dict:
                                         f"had run {done} of its {len(items)} items, the others were not started"}
         invocation = ctx.transaction(f"invocation:{item}", execution.eval_invocations_create, eval_run_id,
                                      [item])[str(item)]
-        try:
+        with contextlib.suppress(ChildFailed):  # the invocation recorded its failure: graded as the version's (0)
             ctx.child(INVOKE_WORKFLOW, {"invocation_id": invocation}, name=f"item:{item}")
-        except ChildFailed:
-            pass  # the invocation recorded its failure: graded as the version's (score 0)
         grade_item(ctx, eval_run_id, item, invocation, input["keys"][str(item)])
     return {"items": len(items)}
 

@@ -30,7 +30,8 @@ def test_an_eval_run_invokes_each_item_grades_it_and_aggregates(facts, support_s
     assert len(results) == run.items_total == run.items_done == 6
     assert all(r.workflow_invocation.status == "completed" and r.grader for r in results)
     lanes = {r.workflow_invocation.durable_run.parent for r in results}  # each item runs in one of the run's lanes
-    assert {lane.workflow for lane in lanes} == {"evals.lane"} and {lane.parent_id for lane in lanes} == {run.durable_run_id}
+    assert {lane.workflow for lane in lanes} == {"evals.lane"}
+    assert {lane.parent_id for lane in lanes} == {run.durable_run_id}
     assert all(r.workflow_invocation.parent_run_id == run.durable_run_id for r in results)
     assert run.avg_score == pytest.approx(sum(r.score for r in results) / 6, abs=1e-6)
     assert run.pass_rate == pytest.approx(sum(r.passed for r in results) / 6, abs=1e-6)
