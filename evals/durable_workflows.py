@@ -21,7 +21,7 @@ from decimal import Decimal
 
 from durable import Child, ChildFailed, workflow
 from evals import execution
-from workflows.durable_workflows import INVOKE_WORKFLOW, RunRefused, begin_row, describe
+from workflows.durable_workflows import INVOKE_WORKFLOW, RunRefused, begin_row, describe, model_call_options
 
 EVAL_WORKFLOW = "evals.run"
 LANE_WORKFLOW = "evals.lane"
@@ -88,7 +88,9 @@ def grade_item(ctx, eval_run_id: int, item: int, invocation_id: int, key: str) -
     args = (eval_run_id, item, invocation_id, key)
     outcome = ctx.step(f"grade:{item}", execution.eval_grade_item, *args, [])
     while "judge" in outcome:
-        judged.append(ctx.step(f"judge:{item}:{len(judged)}", execution.judge_call, outcome["judge"]))
+        name = f"judge:{item}:{len(judged)}"
+        judged.append(ctx.step(name, execution.judge_call, outcome["judge"], f"{ctx.run_id}:{name}",
+                               **model_call_options(outcome["judge"]["model"])))
         outcome = ctx.step(f"grade:{item}:{len(judged)}", execution.eval_grade_item, *args, list(judged))
 
 

@@ -195,14 +195,23 @@ def eval_grade_item(eval_run_id: int, item_id: int, invocation_id: int, key: str
     return {"score": result.score}
 
 
-def judge_call(request: dict) -> dict:
+def judge_call(request: dict, caller: str = "") -> dict:
     """One call of the judge (`request` as eval_grade_item asked for it), made in a step of its own: a
     grading redone after a crash is answered from its checkpoint and never pays the judge twice.
-    Returns {"response": ChatResponse.as_dict()} or, the call failing, {"error": why}."""
-    from llm.chat import ChatError, ChatRequest, chat
+    Returns {"response": ChatResponse.as_dict()} or, the call failing, {"error": why}.
 
+    On a real provider it is a queued step (the llm queue's worker makes it): no database connection
+    is held while the judge answers, and a provider limit, 429 or 5xx puts the step off on a durable
+    timer (TryLater) instead of waiting in a worker's thread. `caller` names the call across its tries."""
+    from durable import TryLater, deferrals, release_connection
+    from llm.chat import CallPutOff, ChatError, ChatRequest, PutOff, chat
+
+    release_connection()
     try:
-        response, _ = chat(ChatRequest(**request))
+        response, _ = chat(ChatRequest(**request),
+                           put_off=PutOff(caller=caller, retries_done=deferrals("provider")) if caller else None)
+    except CallPutOff as exc:
+        raise TryLater(exc.reason, after=exc.retry_in, kind=exc.kind) from None
     except ChatError as exc:
         return {"error": str(exc)}
     return {"response": response.as_dict()}

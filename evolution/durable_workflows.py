@@ -33,12 +33,15 @@ import statistics
 from datetime import datetime
 from decimal import Decimal
 
+from django.conf import settings
+
 from durable import workflow
 from durable.engine import Child
 from evals.durable_workflows import EVAL_WORKFLOW
 from evals.execution import usd_budget_spent
 from evolution import execution
-from workflows.durable_workflows import begin_row, describe
+from llm.providers import OFFLINE_PROVIDER
+from workflows.durable_workflows import begin_row, describe, queued_call_options
 
 EVOLVE_WORKFLOW = "evolution.run"
 MERGE_PROBABILITY = 0.25
@@ -191,6 +194,12 @@ class Loop:
                 "cache_hits": self.totals["cache_hits"], "usd": f"{self.totals['usd']:f}"}
 
 
+def reflect_options() -> dict:
+    """The rewriter may ask a real model: then reflecting is a step of the llm queue's worker, not of a
+    turn's (offline, every model is answered in well under a millisecond, in the turn)."""
+    return {} if settings.LLM_PROVIDER == OFFLINE_PROVIDER else queued_call_options()
+
+
 class GeneticProgramming(Loop):
     def loop(self) -> dict:
         c = self.config
@@ -254,7 +263,7 @@ class Reflective(Loop):
                                   {"version_id": parent, "eval_run": self.scores[parent]["eval_run"]},
                                   None if merge_with is None else
                                   {"version_id": merge_with, "eval_run": self.scores[merge_with]["eval_run"]},
-                                  sorted(self.scores))
+                                  sorted(self.scores), **reflect_options())
             if child is not None and child["version_id"] not in self.scores:
                 version = child["version_id"]
                 self.made[version] = child

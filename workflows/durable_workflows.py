@@ -246,7 +246,7 @@ class NodeRun:
     def _call(self, name: str, seq: int, node_pk: int, offset: int, new: list[dict], request: dict):
         self._check_budget()
         result = self.ctx.step(name, execution.llm_call, self.workspace_id, self.invocation_id, node_pk, seq, offset,
-                               new, request, **_call_options(request["model"]))
+                               new, request, **model_call_options(request["model"]))
         response = ChatResponse.from_dict(result["response"])
         self.usage["llm_calls"] += 1
         self.model = response.usage.model
@@ -293,9 +293,10 @@ class NodeRun:
                              "raw": getattr(call, "raw", "")}
                 binding = bindings.get(call.name)
                 remote = binding is not None and binding["kind"] == "mcp"
+                options = queued_call_options() if remote else {}
                 result = self.ctx.step(f"node:{seq}:tool:{round_}.{index}", execution.tool_call, self.workspace_id,
                                        self.invocation_id, started["id"], seq, offset, f"{round_}.{index}",
-                                       call_dict, binding, self.plan["user_id"], **_queued() if remote else {})
+                                       call_dict, binding, self.plan["user_id"], **options)
                 offset += 1
                 self.usage["tool_calls"] += 1
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result["content"]})
@@ -350,12 +351,13 @@ class NodeRun:
         return [choice], "delegation"
 
 
-def _queued() -> dict:
+def queued_call_options() -> dict:
+    """The options of a step that waits on a provider: on the llm queue's worker, with the call's timeout."""
     conf = workflow_settings()
     return {"queue": conf.llm_queue, "timeout": conf.call_timeout}
 
 
-def _call_options(model: str) -> dict:
+def model_call_options(model: str) -> dict:
     """A model call waits on the llm queue's worker, not in the turn; the offline model answers in the
     turn (in well under a millisecond, less than a queue's round trip). Either way the step's name is
     the same, so a replay under other settings answers from the checkpoint it finds."""
@@ -363,7 +365,7 @@ def _call_options(model: str) -> dict:
         offline = resolve_model(model).provider == OFFLINE_PROVIDER
     except UnknownModel:
         offline = False  # the step fails with the reason, wherever it runs
-    return {} if offline else _queued()
+    return {} if offline else queued_call_options()
 
 
 def _json_object(text: str) -> dict | None:

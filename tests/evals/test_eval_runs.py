@@ -358,3 +358,32 @@ def test_a_lane_refuses_an_eval_run_it_was_not_started_for(support_set, support_
     assert lane.status == "failed" and "of which this run is not a lane" in lane.error
     assert not WorkflowInvocation.objects.filter(workflow_version=support_versions[0]).exists()
     assert not GoldenResult.objects.filter(eval_run=run).exists()
+
+
+def test_the_judge_is_asked_on_the_llm_queue_and_a_429_waits_on_a_timer(workspace, make_version, settings):
+    import json
+
+    from durable.inprocess import run_until_settled
+    from durable.models import StepCheckpoint
+    from tests.llm.conftest import FakeOpenAIChat
+    from tests.workflows.conftest import graph, node
+
+    golden = golden_set_create(workspace=workspace, name="judged later", graders=[{"kind": "llm_judge"}])
+    golden_item_add(golden_set=golden, input={"text": "Why did the deploy fail?"},
+                    expected_output="The database migration timed out.")
+    version = make_version(graph("a", node("a", model="offline-directive-v1", prompt="Answer.")))
+    with FakeOpenAIChat(dimensions=8) as judge:  # only the judge's calls reach it: the workflow runs offline
+        judge.chat_replies = [
+            (429, {"Content-Type": "application/json", "Retry-After": "1"}, json.dumps({"error": {"message": "slow"}})),
+            {"content": json.dumps({"score": 0.8, "rationale": "Names the migration."})}]
+        settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+        settings.OPENAI_BASE_URL, settings.LLM_MAX_RETRIES = judge.url("/v1"), 2
+        settings.EVAL_JUDGE_MODEL = "gpt-4.1-mini"
+        run = eval_run_start(golden_set=golden, version=version)
+        run_until_settled(run.durable_run_id, max_wait=60)
+    run.refresh_from_db()
+    assert run.status == "completed", run.error
+    assert GoldenResult.objects.get(eval_run=run).score == 0.8 and len(judge.chat_payloads) == 2
+    step = StepCheckpoint.objects.get(name__startswith="judge:")
+    assert step.queue == "llm" and step.status == "completed"
+    assert step.options["deferrals"] == {"provider": 1}  # put off once, then answered
