@@ -19,7 +19,7 @@ class EvalSettings:
 
 def eval_settings() -> EvalSettings:
     return EvalSettings(
-        concurrency=int(getattr(settings, "EVAL_CONCURRENCY", 16)),
+        concurrency=int(getattr(settings, "EVAL_CONCURRENCY", 64)),
         judge_model=settings.EVAL_JUDGE_MODEL or settings.LLM_DEFAULT_MODEL,
         alpha=float(getattr(settings, "EVAL_ALPHA", 0.05)),
         critical_tolerance=float(getattr(settings, "EVAL_CRITICAL_TOLERANCE", 0.1)),

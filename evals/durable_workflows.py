@@ -7,7 +7,7 @@ after the other: the item's invocation (a child run of ``workflows.invoke``), th
 step, every call of its judge in a step of its own (so grading redone after a crash never pays the
 judge twice). So `concurrency` items are in flight at any time, no lane waits for another's slowest
 item, and no run replays a history longer than its own share of the items (a 1,000-item eval run at
-concurrency 16 is 16 lanes of about 63 items, not one history of thousands of checkpoints). A
+concurrency 64 is 64 lanes of about 16 items, not one history of thousands of checkpoints). A
 crashed eval run resumes where it stopped: finished invocations and graded items are never redone.
 A run given a budget of its own (`run_usd_budget`: an evolution passes down what it has left)
 starts no item once its invocations and judge have spent it (each lane checks before each item),
