@@ -2,13 +2,14 @@
 
 ``evals.run`` scores a workflow version on a golden set: results it may reuse are recorded first;
 the other items are dealt round-robin to `concurrency` lanes (child runs of ``evals.lane``, joined
-with ``ctx.all``: the eval run wakes once, when every lane has ended). A lane takes its items one
-after the other: the item's invocation (a child run of ``workflows.invoke``), then its grading in a
-step, every call of its judge in a step of its own (so grading redone after a crash never pays the
-judge twice). So `concurrency` items are in flight at any time, no lane waits for another's slowest
-item, and no run replays a history longer than its own share of the items (a 1,000-item eval run at
-concurrency 64 is 64 lanes of about 16 items, not one history of thousands of checkpoints). A
-crashed eval run resumes where it stopped: finished invocations and graded items are never redone.
+with ``ctx.all``: the eval run wakes once, when every lane has ended; a lane that failed fails the
+run then, never cutting the other lanes' items short). A lane takes its items one after the other:
+the item's invocation (a child run of ``workflows.invoke``), then its grading in a step, every call
+of its judge in a step of its own (so grading redone after a crash never pays the judge twice). So
+`concurrency` items are in flight at any time, no lane waits for another's slowest item, and no run
+replays a history longer than its own share of the items (a 1,000-item eval run at concurrency 64
+is 64 lanes of about 16 items, not one history of thousands of checkpoints). A crashed or retried
+eval run resumes where it stopped: finished invocations and graded items are never redone.
 A run given a budget of its own (`run_usd_budget`: an evolution passes down what it has left)
 starts no item once its invocations and judge have spent it (each lane checks before each item),
 and fails saying so.
@@ -41,8 +42,14 @@ def eval_run(ctx, input: dict) -> dict:
     try:
         pending = plan["pending"]
         lanes = min(max(1, plan["concurrency"]), len(pending))
+        # every lane runs to its end even when another fails: a failure cancelling the others would cut
+        # their items short mid-invocation (paid for, then ended by the reconcile and, after a retry,
+        # graded as the version's failure)
         ended = ctx.all([Child(LANE_WORKFLOW, lane_input(eval_run_id, plan, pending[lane::lanes]), name=f"lane:{lane}")
-                         for lane in range(lanes)], mode="fail_fast")
+                         for lane in range(lanes)], return_exceptions=True)
+        failed = [lane for lane in ended if isinstance(lane, Exception)]
+        if failed:
+            raise failed[0]
         spent = [lane["budget_spent"] for lane in ended if lane.get("budget_spent")]
         if spent:
             raise BudgetSpent(spent[0])

@@ -387,3 +387,43 @@ def test_the_judge_is_asked_on_the_llm_queue_and_a_429_waits_on_a_timer(workspac
     step = StepCheckpoint.objects.get(name__startswith="judge:")
     assert step.queue == "llm" and step.status == "completed"
     assert step.options["deferrals"] == {"provider": 1}  # put off once, then answered
+
+
+def test_a_lane_that_fails_lets_the_other_lanes_finish_and_a_retry_scores_every_item(support_set, support_versions,
+                                                                                     monkeypatch):
+    from durable import engine
+    from durable.inprocess import run_until_settled
+    from durable.services import run_retry
+    from evals import execution
+    from workflows.execution import invocations_reconcile
+
+    items = list(support_set.items.order_by("position", "id"))
+    grade = execution.eval_grade_item
+
+    def outage_on_the_first_item(eval_run_id, item_id, *args):
+        if item_id == items[0].pk:
+            raise RuntimeError("the grader's database said no")
+        return grade(eval_run_id, item_id, *args)
+
+    monkeypatch.setattr(execution, "eval_grade_item", outage_on_the_first_item)
+    run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
+    engine.execute_turn(run.durable_run_id)  # two lanes: items 1, 3, 5 and 2, 4, 6
+    first, second = DurableRun.objects.filter(parent_id=run.durable_run_id).order_by("parent_seq")
+    engine.execute_turn(second.id)  # the second lane's first item is on its way (its run not begun yet)
+    assert run_until_settled(first.id, max_wait=30).status == "failed"  # the first lane could not grade item 1
+    engine.execute_turn(run.durable_run_id)  # the eval run hears of it while the second lane's item waits
+    run_until_settled(run.durable_run_id, max_wait=60)
+    run.refresh_from_db()
+    assert run.status == "failed" and "said no" in run.error
+    # the second lane's items were not cut short by the first lane's failure
+    assert set(GoldenResult.objects.filter(eval_run=run).values_list("golden_item_id", flat=True)) == \
+        {item.pk for item in items[1::2]}
+    invocations_reconcile()
+    monkeypatch.setattr(execution, "eval_grade_item", grade)
+    assert run_retry(run_id=run.durable_run_id)
+    assert run_until_settled(run.durable_run_id, max_wait=60).status == "completed"
+    run.refresh_from_db()
+    assert run.status == "completed" and run.items_done == 6
+    results = GoldenResult.objects.filter(eval_run=run).select_related("workflow_invocation")
+    assert {r.workflow_invocation.status for r in results} == {"completed"}, [r.error for r in results]
+    assert WorkflowInvocation.objects.filter(workflow_version=support_versions[0]).count() == 6
