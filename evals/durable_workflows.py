@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 from decimal import Decimal
 
-from durable import Child, ChildFailed, workflow
+from durable import Child, ChildFailed, StepFailed, workflow
 from evals import execution
 from workflows.durable_workflows import INVOKE_WORKFLOW, RunRefused, begin_row, describe, model_call_options
 
@@ -90,14 +90,18 @@ def eval_lane(ctx, input: dict) -> dict:
 
 def grade_item(ctx, eval_run_id: int, item: int, invocation_id: int, key: str) -> None:
     """Grade one item in a step; while the grading needs one more judge answer, make that call in a
-    step of its own and grade again with every answer so far."""
+    step of its own and grade again with every answer so far (a judge's step that failed is an
+    answer too: the call's error, so a grading error of this item, not a failed lane)."""
     judged: list[dict] = []
     args = (eval_run_id, item, invocation_id, key)
     outcome = ctx.step(f"grade:{item}", execution.eval_grade_item, *args, [])
     while "judge" in outcome:
         name = f"judge:{item}:{len(judged)}"
-        judged.append(ctx.step(name, execution.judge_call, outcome["judge"], f"{ctx.run_id}:{name}",
-                               **model_call_options(outcome["judge"]["model"])))
+        try:
+            judged.append(ctx.step(name, execution.judge_call, outcome["judge"], f"{ctx.run_id}:{name}",
+                                   **model_call_options(outcome["judge"]["model"])))
+        except StepFailed as exc:  # put off too long, or timed out too often: the judge failed this item
+            judged.append({"error": str(exc)})
         outcome = ctx.step(f"grade:{item}:{len(judged)}", execution.eval_grade_item, *args, list(judged))
 
 

@@ -427,3 +427,31 @@ def test_a_lane_that_fails_lets_the_other_lanes_finish_and_a_retry_scores_every_
     results = GoldenResult.objects.filter(eval_run=run).select_related("workflow_invocation")
     assert {r.workflow_invocation.status for r in results} == {"completed"}, [r.error for r in results]
     assert WorkflowInvocation.objects.filter(workflow_version=support_versions[0]).count() == 6
+
+
+def test_a_judge_put_off_for_too_long_is_a_grading_error_not_a_failed_eval_run(workspace, make_version, settings):
+    import json
+
+    from durable.inprocess import run_until_settled
+    from tests.llm.conftest import FakeOpenAIChat
+    from tests.workflows.conftest import graph, node
+
+    golden = golden_set_create(workspace=workspace, name="judge rate limited", graders=[{"kind": "llm_judge"}])
+    for question in ("Why did the deploy fail?", "Who rolled it back?"):
+        golden_item_add(golden_set=golden, input={"text": question}, expected_output="The migration timed out.")
+    version = make_version(graph("a", node("a", model="offline-directive-v1", prompt="Answer.")))
+    limited = (429, {"Content-Type": "application/json", "Retry-After": "30"},
+               json.dumps({"error": {"message": "slow"}}))
+    with FakeOpenAIChat(dimensions=8) as judge:
+        judge.chat_replies = [limited] * 4
+        settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+        settings.OPENAI_BASE_URL, settings.LLM_MAX_RETRIES = judge.url("/v1"), 2
+        settings.EVAL_JUDGE_MODEL = "gpt-4.1-mini"
+        settings.DURABLE_STEP_MAX_DEFER_SECONDS = 5  # waiting 30 s more would pass it: the judge's step gives up
+        run = eval_run_start(golden_set=golden, version=version)
+        run_until_settled(run.durable_run_id, max_wait=30)
+    run.refresh_from_db()
+    assert run.status == "completed", run.error
+    results = GoldenResult.objects.filter(eval_run=run)
+    assert results.count() == 2 and run.grading_errors == 2
+    assert all(r.score is None and "put off" in r.error for r in results)
