@@ -243,6 +243,9 @@ def _request_dict(request) -> dict:
 
 
 def _progress(eval_run_id: int) -> None:
+    # in the transaction that wrote a result; lanes grade at once, so the count waits for the run's row:
+    # counted before another lane's result committed, it would then overwrite that lane's count
+    EvalRun.objects.select_for_update(no_key=True).filter(pk=eval_run_id).values_list("pk").first()
     done = GoldenResult.objects.filter(eval_run_id=eval_run_id).count()
     EvalRun.objects.filter(pk=eval_run_id).update(items_done=done, updated_at=now())
 

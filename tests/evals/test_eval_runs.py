@@ -455,3 +455,45 @@ def test_a_judge_put_off_for_too_long_is_a_grading_error_not_a_failed_eval_run(w
     results = GoldenResult.objects.filter(eval_run=run)
     assert results.count() == 2 and run.grading_errors == 2
     assert all(r.score is None and "put off" in r.error for r in results)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_items_graded_at_once_by_two_lanes_are_both_counted_in_the_progress(support_set, support_versions,
+                                                                              monkeypatch):
+    import threading
+
+    from django.db import connection
+
+    from evals import execution
+    from workspaces.models import Workspace
+
+    run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
+    plan = execution.eval_begin(run.pk, Workspace.namespace_of(run.workspace_id), run.durable_run_id)
+    first, second = plan["pending"][:2]
+    invocations = execution.eval_invocations_create(run.pk, [first, second])
+    progress, both_written = execution._progress, threading.Barrier(2, timeout=30)
+
+    def counted_once_both_results_are_written(eval_run_id):
+        both_written.wait()  # each lane's result is written, neither committed yet
+        progress(eval_run_id)
+
+    monkeypatch.setattr(execution, "_progress", counted_once_both_results_are_written)
+    errors = []
+
+    def grade(item):
+        try:
+            execution.eval_grade_item(run.pk, item, invocations[str(item)], plan["keys"][str(item)])
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    lanes = [threading.Thread(target=grade, args=(item,)) for item in (first, second)]
+    for lane in lanes:
+        lane.start()
+    for lane in lanes:
+        lane.join(60)
+    assert errors == []
+    run.refresh_from_db()
+    assert GoldenResult.objects.filter(eval_run=run).count() == 2
+    assert run.items_done == 2
