@@ -81,7 +81,7 @@ def eval_lane(ctx, input: dict) -> dict:
                 return {"budget_spent": f"USD budget spent: ${spent:.6f} of ${Decimal(budget):.6f}; this lane "
                                         f"had run {done} of its {len(items)} items, the others were not started"}
         invocation = ctx.transaction(f"invocation:{item}", execution.eval_invocations_create, eval_run_id,
-                                     [item])[str(item)]
+                                     [item], ctx.run_id)[str(item)]
         with contextlib.suppress(ChildFailed):  # the invocation recorded its failure: graded as the version's (0)
             ctx.child(INVOKE_WORKFLOW, {"invocation_id": invocation}, name=f"item:{item}")
         grade_item(ctx, eval_run_id, item, invocation, input["keys"][str(item)])

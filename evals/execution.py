@@ -122,20 +122,24 @@ def usd_budget_spent(spent: Decimal, budget: Decimal) -> bool:
 
 def eval_spent(eval_run_id: int) -> str:
     """What the eval run has paid so far, whatever became of it: its item invocations (each written
-    naming the run's run as its parent; results reused from earlier runs cost nothing now) and its
-    judge's calls."""
+    naming the lane that runs it as its parent, a child of the run's run, of this history or an
+    earlier one; results reused from earlier runs cost nothing now) and its judge's calls."""
+    from durable.models import DurableRun
+
     run = EvalRun.objects.filter(pk=eval_run_id).values("durable_run_id").first()
     invocations = Decimal(0)
     if run and run["durable_run_id"]:
-        invocations = WorkflowInvocation.objects.filter(parent_run_id=run["durable_run_id"]) \
+        lanes = DurableRun.objects.filter(parent_id=run["durable_run_id"]).values("pk")
+        invocations = WorkflowInvocation.objects.filter(parent_run_id__in=lanes) \
             .aggregate(total=Sum("usd_cost"))["total"] or Decimal(0)
     judge = GoldenResult.objects.filter(eval_run_id=eval_run_id).aggregate(total=Sum("judge_usd"))["total"]
     return f"{invocations + (judge or Decimal(0)):f}"
 
 
-def eval_invocations_create(eval_run_id: int, item_ids: list[int]) -> dict:
-    """The invocations of items (run in a ``ctx.transaction``: created exactly once), each
-    naming the eval run's run as its parent. Returns {item id: invocation id}."""
+def eval_invocations_create(eval_run_id: int, item_ids: list[int], lane_run_id: str) -> dict:
+    """The invocations of items (run in a ``ctx.transaction``: created exactly once), each naming
+    the lane that writes it as its parent (the run that starts the item's run: its end, before the
+    item's run began, is the reconcile's sign that nothing will). Returns {item id: invocation id}."""
     run = EvalRun.objects.select_related("workflow_version").get(pk=eval_run_id)
     items = GoldenItem.objects.in_bulk(item_ids)
     out = {}
@@ -143,7 +147,7 @@ def eval_invocations_create(eval_run_id: int, item_ids: list[int]) -> dict:
         invocation = WorkflowInvocation.objects.create(
             workspace_id=run.workspace_id, workflow_version=run.workflow_version, input=items[item_id].input,
             node_budget=run.config["node_budget"], usd_budget=Decimal(run.config["usd_budget"]),
-            parent_run_id=run.durable_run_id, created_by_id=run.created_by_id)
+            parent_run_id=lane_run_id, created_by_id=run.created_by_id)
         out[str(item_id)] = invocation.pk
     return out
 

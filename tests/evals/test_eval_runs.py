@@ -32,7 +32,7 @@ def test_an_eval_run_invokes_each_item_grades_it_and_aggregates(facts, support_s
     lanes = {r.workflow_invocation.durable_run.parent for r in results}  # each item runs in one of the run's lanes
     assert {lane.workflow for lane in lanes} == {"evals.lane"}
     assert {lane.parent_id for lane in lanes} == {run.durable_run_id}
-    assert all(r.workflow_invocation.parent_run_id == run.durable_run_id for r in results)
+    assert all(r.workflow_invocation.parent_run_id == r.workflow_invocation.durable_run.parent_id for r in results)
     assert run.avg_score == pytest.approx(sum(r.score for r in results) / 6, abs=1e-6)
     assert run.pass_rate == pytest.approx(sum(r.passed for r in results) / 6, abs=1e-6)
     assert run.latency_p50_ms is not None and run.latency_p95_ms >= run.latency_p50_ms
@@ -470,7 +470,7 @@ def test_items_graded_at_once_by_two_lanes_are_both_counted_in_the_progress(supp
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
     plan = execution.eval_begin(run.pk, Workspace.namespace_of(run.workspace_id), run.durable_run_id)
     first, second = plan["pending"][:2]
-    invocations = execution.eval_invocations_create(run.pk, [first, second])
+    invocations = execution.eval_invocations_create(run.pk, [first, second], run.durable_run_id)
     progress, both_written = execution._progress, threading.Barrier(2, timeout=30)
 
     def counted_once_both_results_are_written(eval_run_id):
@@ -497,3 +497,26 @@ def test_items_graded_at_once_by_two_lanes_are_both_counted_in_the_progress(supp
     run.refresh_from_db()
     assert GoldenResult.objects.filter(eval_run=run).count() == 2
     assert run.items_done == 2
+
+
+def test_an_item_whose_lane_was_cancelled_before_its_run_began_is_ended_while_the_eval_run_goes_on(
+        support_set, support_versions):
+    from durable import engine
+    from durable.inprocess import run_until_settled
+    from durable.services import run_cancel
+    from workflows.execution import invocations_reconcile
+
+    run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
+    engine.execute_turn(run.durable_run_id)
+    first, _other = DurableRun.objects.filter(parent_id=run.durable_run_id).order_by("parent_seq")
+    engine.execute_turn(first.id)  # its first item's invocation is written, the item's run not begun
+    waiting = WorkflowInvocation.objects.get(workflow_version=support_versions[0])
+    assert run_cancel(run_id=first.id, reason="from the durable admin")
+    assert DurableRun.objects.get(pk=run.durable_run_id).status in DurableRun.Status.ACTIVE  # its other lane runs
+    assert invocations_reconcile() == 1
+    waiting.refresh_from_db()
+    assert waiting.status == "cancelled" and first.id in waiting.error
+    run_until_settled(run.durable_run_id, max_wait=60)
+    run.refresh_from_db()
+    assert run.status == "failed" and "from the durable admin" in run.error
+    assert GoldenResult.objects.filter(eval_run=run).count() == 3  # the other lane's items
