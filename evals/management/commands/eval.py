@@ -106,7 +106,8 @@ class Command(BaseCommand):
         parser.add_argument("version", help="A version id or at least 6 characters of its hash.")
         parser.add_argument("--workspace", metavar="SLUG", help="The workspace, when several sets share the name.")
         parser.add_argument("--no-reuse", action="store_true", help="Run every item again (no earlier results).")
-        parser.add_argument("--concurrency", type=int, default=None, help="Items invoked at once (default 4).")
+        parser.add_argument("--concurrency", type=int, default=None,
+                            help="Items in flight at once, 1-64 (default EVAL_CONCURRENCY).")
         parser.add_argument("--workers", action="store_true",
                             help="Leave the run to the Celery workers and follow it (default: to the workers when "
                                  "they serve its queues, as make run's do, else run it here).")
