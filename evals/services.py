@@ -95,8 +95,10 @@ def golden_item_add(*, golden_set: GoldenSet, input, expected_output: str = "", 
 
 def golden_items_deal_splits(*, golden_set: GoldenSet, items: list[GoldenItem]) -> None:
     """Give each of `items` (new items of `golden_set`, in their order) without a split the one evals/splits.py
-    deals it after the set's present items, those of `items` that have one counted as they come. Call it with
-    the set's row locked (`_lock_with_room`): two writers dealing at once would both count the same items."""
+    deals it after the set's present items, those of `items` that have one counted as they come. Call it in the
+    transaction that saves them: it locks the set's row until that commits, so two writers dealing at once (an
+    import, an item added in the admin) do not both count the same items; the second deals after the first's."""
+    GoldenSet.objects.select_for_update().filter(pk=golden_set.pk).values_list("pk").first()
     conf = eval_settings()
     present = GoldenItem.objects.filter(golden_set=golden_set).values_list("tags", "split")
     dealer = splits.dealer(seed=golden_set.name, proportions=conf.split_proportions, min_items=conf.min_split_items,

@@ -4,15 +4,18 @@ a set is big enough; the plan that says whether a set can carry a held-out claim
 the items that existed before splits."""
 
 import importlib
+import threading
 from collections import Counter
 
 import pytest
 from django.apps import apps
+from django.db import connection, transaction
 
 from evals.importing import read_objects
 from evals.models import GoldenItem
 from evals.selectors import split_items, split_plan
-from evals.services import EvalError, golden_item_add, golden_items_import, golden_set_create
+from evals.services import EvalError, golden_item_add, golden_items_deal_splits, golden_items_import, golden_set_create
+from tests.durable.concurrency import in_thread, wait_until
 from tests.factories import WorkspaceFactory
 
 pytestmark = pytest.mark.django_db
@@ -134,3 +137,40 @@ def test_the_migration_deals_existing_items_as_adding_them_one_by_one_does(works
     GoldenItem.objects.update(split="train")  # as the schema change left them
     migration.deal_splits(apps, None)
     assert {golden.pk: splits_of(golden) for golden in (first, second)} == dealt
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_writers_dealing_at_once_deal_one_after_the_other(workspace):
+    """The admin saves its new inline items through golden_items_deal_splits in its own transaction: a second
+    writer waits for the first to commit and counts its item, instead of dealing the same split twice."""
+    golden = make_set(workspace, items=[["durable"]] * 2)  # train, then validation or test
+    dealt, release = threading.Event(), threading.Event()
+
+    def write(text, *, hold):
+        with transaction.atomic():
+            item = GoldenItem(golden_set=golden, input={"text": text}, tags=["durable"], position=10)
+            golden_items_deal_splits(golden_set=golden, items=[item])
+            if hold:
+                dealt.set()
+                release.wait(30)
+            item.save()
+        return item.split
+
+    first, first_outcome = in_thread(lambda: write("first", hold=True))
+    assert dealt.wait(30)
+    second, second_outcome = in_thread(lambda: write("second", hold=False))
+    try:
+        wait_until(lambda: waiting_on_a_lock() == 1)  # the second writer waits for the set's row
+    finally:
+        release.set()
+    first.join(30)
+    second.join(30)
+    assert "value" in first_outcome and "value" in second_outcome, (first_outcome, second_outcome)
+    assert counts(golden) == {"train": 2, "validation": 1, "test": 1}
+
+
+def waiting_on_a_lock() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock'")
+        return cursor.fetchone()[0]
