@@ -47,7 +47,7 @@ from durable.admin import pretty_json
 from evals import charts, importing, rewriter
 from evals.graders import GraderConfigError, validate_graders
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
-from evals.selectors import score_histogram
+from evals.selectors import score_histogram, split_plan
 from evals.services import (
     EvalError,
     GoldenSetBusy,
@@ -55,12 +55,14 @@ from evals.services import (
     compare_versions,
     eval_run_cancel,
     eval_run_start,
+    golden_items_deal_splits,
     golden_items_import,
     golden_set_ensure_idle,
     item_errors,
     version_promote,
     version_rollback,
 )
+from evals.splits import SPLITS
 from workflows.admin import (
     WorkspaceFilter,
     clipped,
@@ -185,10 +187,12 @@ class GoldenSetForm(forms.ModelForm):
 class GoldenItemForm(forms.ModelForm):
     position = forms.IntegerField(required=False, min_value=0,
                                   help_text="Empty puts a new item last.")
+    split = forms.ChoiceField(choices=[("", "deal"), *GoldenItem.Split.choices], required=False,
+                              help_text="Empty deals a new item one by its first tag.")
 
     class Meta:
         model = GoldenItem
-        fields = ("position", "input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")
+        fields = ("position", "input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata", "split")
         field_classes = {"input": InputJSONField}
         widgets = {name: forms.Textarea(attrs={"rows": 3, "cols": 26 if name in ("input", "expected_output") else 16})
                    for name in ("input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")}
@@ -201,6 +205,9 @@ class GoldenItemForm(forms.ModelForm):
         self.fields["input"].help_text = 'JSON: {"text": "..."} or a quoted string.'
         if self.instance._state.adding:
             self.initial["position"] = None
+        else:  # an item keeps a split: only a new one is dealt
+            self.fields["split"].required = True
+            self.fields["split"].choices = GoldenItem.Split.choices
 
     def clean(self):
         data = super().clean()
@@ -243,7 +250,7 @@ class GoldenItemInline(admin.TabularInline):
     model = GoldenItem
     form = GoldenItemForm
     formset = GoldenItemFormSet
-    fields = ("position", "input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")
+    fields = ("position", "input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata", "split")
     extra = 1
     ordering = ("position", "id")
 
@@ -306,8 +313,8 @@ IMPORT_ERRORS_SHOWN = 200  # bad lines listed on the import page
 class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     form = GoldenSetForm
     inlines = (GoldenItemInline,)
-    list_display = ("name", "workspace", "workflow", "item_count", "pass_threshold", "graders_display",
-                    "last_run_display")
+    list_display = ("name", "workspace", "workflow", "item_count", "splits_display", "pass_threshold",
+                    "graders_display", "last_run_display")
     list_filter = (WorkspaceFilter,)
     list_select_related = ("workspace", "workflow")
     search_fields = ("name", "description")
@@ -320,10 +327,12 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
         active_first = Case(When(workflow_version__status=WorkflowVersion.Status.ACTIVE, then=0), default=1)
         latest = full_runs(EvalRun.objects.filter(golden_set=OuterRef("pk"), status=EvalRun.Status.COMPLETED)) \
             .order_by(active_first, "-ended_at", "-pk")
-        items = GoldenItem.objects.filter(golden_set=OuterRef("pk")).order_by().values("golden_set") \
-            .annotate(n=Count("pk")).values("n")
+        def items(**among):
+            counted = GoldenItem.objects.filter(golden_set=OuterRef("pk"), **among).order_by().values("golden_set")
+            return Coalesce(Subquery(counted.annotate(n=Count("pk")).values("n"), output_field=IntegerField()), 0)
+
         return super().get_queryset(request).annotate(
-            items_n=Coalesce(Subquery(items, output_field=IntegerField()), 0),
+            items_n=items(), **{f"{split}_n": items(split=split) for split in SPLITS},
             last_run_id=Subquery(latest.values("pk")[:1]),
             last_run_score=Subquery(latest.values("avg_score")[:1]),
             last_run_pass_rate=Subquery(latest.values("pass_rate")[:1]))
@@ -338,6 +347,14 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
     @admin.display(description="items", ordering="items_n")
     def item_count(self, golden_set):
         return golden_set.items_n
+
+    @admin.display(description="train / validation / test")
+    def splits_display(self, golden_set):
+        plan = split_plan(golden_set, counts={split: getattr(golden_set, f"{split}_n") for split in SPLITS})
+        counts = " / ".join(str(plan.counts[split]) for split in SPLITS)
+        if plan.held_out:
+            return counts
+        return format_html('{} <span class="wf-muted" title="{}">(no held-out claim)</span>', counts, plan.reason)
 
     @admin.display(description="graders")
     def graders_display(self, golden_set):
@@ -368,6 +385,8 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
             if item.position is None:
                 last += 1
                 item.position = last
+        golden_items_deal_splits(golden_set=form.instance, items=[item for item in items if item._state.adding])
+        for item in items:
             item.save()
         formset.save_m2m()
 
@@ -393,7 +412,15 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
                     .defer(*_slim_version("workflow_version__"), "config", "regression")
                     .order_by("-created_at", "-pk")[:RECENT_RUNS])
         info = f"{self.opts.app_label}_{self.opts.model_name}"
+        plan = split_plan(golden_set)
         return {
+            "split_plan": plan,
+            "split_rows": [{"name": name or "(no tag)", "counts": [row[split] for split in SPLITS]}
+                           for name, row in plan.strata.items()],
+            "split_counts": [plan.counts[split] for split in SPLITS],
+            "split_shares": [f"{plan.proportions[split]:.0%}" for split in SPLITS],
+            "split_names": SPLITS,
+            "items_url": reverse("admin:evals_goldenitem_changelist") + f"?golden_set={golden_set.pk}",
             "can_act": self.has_change_permission(request, golden_set),
             "run_form": form if golden_set.workflow_id else None,
             "run_url": reverse(f"admin:{info}_run", args=[quote(golden_set.pk)]),
@@ -723,6 +750,66 @@ class GoldenSetFilter(ScopedChoiceFilter):
     def options(self, request):
         return GoldenSet.objects.filter(workspace__in=workspaces_for(request)).order_by("name", "pk") \
             .values_list("pk", "name")
+
+
+class ItemWorkspaceFilter(WorkspaceFilter):
+    field = "golden_set__workspace_id"
+
+
+@admin.register(GoldenItem)
+class GoldenItemAdmin(NamedObjectMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
+    """Every item of the user's sets with its split, to read and filter across sets; an item is edited on its
+    set's page (which refuses changes while an eval run of the set is in progress)."""
+
+    workspace_field = "golden_set__workspace"
+    list_display = ("id", "golden_set_link", "position", "input_display", "tags_display", "split")
+    list_display_links = ("id",)
+    list_filter = ("split", GoldenSetFilter, ItemWorkspaceFilter)
+    list_select_related = ("golden_set",)
+    search_fields = ("=metadata__key",)
+    search_help_text = "An item's seeded key."
+    ordering = ("golden_set__name", "golden_set_id", "position", "id")
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    list_per_page = 100
+    change_form_template = "admin/evals/change_form.html"
+    fields = ("golden_set_link", "position", "split", "input_pretty", "expected_output", "scoring_criteria",
+              "rubric_pretty", "tags_display", "metadata_pretty", "content_hash", "created_at", "updated_at")
+    readonly_fields = fields
+
+    def object_name(self, item) -> str:
+        return f"{excerpt(input_text(item.input), 60)} · {item.get_split_display()}"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("expected_output", "scoring_criteria", "rubric",
+                                                   "golden_set__graders", "golden_set__description")
+
+    def get_object(self, request, object_id, from_field=None):
+        return full_object(self, request, GoldenItem.objects.select_related("golden_set"), object_id)
+
+    @admin.display(description="golden set", ordering="golden_set__name")
+    def golden_set_link(self, item):
+        return admin_link("evals_goldenset", item.golden_set_id, item.golden_set.name)
+
+    @admin.display(description="input")
+    def input_display(self, item):
+        return excerpt(input_text(item.input), EXCERPT)
+
+    @admin.display(description="tags")
+    def tags_display(self, item):
+        return ", ".join(item.tags) if isinstance(item.tags, list) and item.tags else "-"
+
+    @admin.display(description="input")
+    def input_pretty(self, item):
+        return json_html(item.input)
+
+    @admin.display(description="rubric")
+    def rubric_pretty(self, item):
+        return json_html(item.rubric)
+
+    @admin.display(description="metadata")
+    def metadata_pretty(self, item):
+        return json_html(item.metadata)
 
 
 @admin.register(EvalRun)

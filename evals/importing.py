@@ -27,6 +27,8 @@ Each line, refused on its own (all of a line's problems at once, by key):
   characters, the scoring criteria at most MAX_CRITERIA.
 - Forms: `tags` may be a list or comma-separated names; a non-text expected output in JSON Lines is kept as
   its JSON text; a CSV `input` cell is its text, or the JSON object when it starts with `{`.
+- `split` is train, validation or test (any case, blanks around it dropped); a line without one (or with an
+  empty one) gets the split evals/splits.py deals it when it is written.
 
 Where the admin's and the API's importers differed, the stricter rule was kept:
 - A CSV `input` cell starting with `{` that is not a valid JSON object is an error (the admin's rule; the API
@@ -50,7 +52,7 @@ from evals.graders import MAX_TEXT_CHARS
 from evals.services import item_errors
 from workspaces.api.parsers import MAX_JSON_DEPTH, NUL, text_problem
 
-ITEM_KEYS = ("input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")
+ITEM_KEYS = ("input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata", "split")
 MAX_BYTES = 5 * 1024 * 1024
 MAX_ITEMS = 5000
 MAX_EXPECTED_OUTPUT = MAX_TEXT_CHARS  # the graders would cut a longer one
@@ -284,6 +286,8 @@ def _clean(raw: dict, *, from_csv: bool) -> tuple[dict, dict[str, list[str]]]:
     tags = values.get("tags")
     if isinstance(tags, str):
         values["tags"] = [tag.strip() for tag in tags.split(",") if tag.strip()]
+    if isinstance(values.get("split"), str):
+        values["split"] = values["split"].strip().lower()
     for key, limit in (("expected_output", MAX_EXPECTED_OUTPUT), ("scoring_criteria", MAX_CRITERIA)):
         if isinstance(values.get(key), str) and len(values[key]) > limit:
             errors.setdefault(key, []).append(f"at most {limit:,} characters")

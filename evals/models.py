@@ -55,7 +55,18 @@ def item_content_hash(input, expected_output: str, scoring_criteria: str, rubric
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+class GoldenItemSplit(models.TextChoices):
+    """Where an item serves (evals/splits.py): evolution searches on train, selects on validation and reports on
+    test, which nothing of the search reads."""
+
+    TRAIN = "train", "Train"
+    VALIDATION = "validation", "Validation"
+    TEST = "test", "Test"
+
+
 class GoldenItem(models.Model):
+    Split = GoldenItemSplit
+
     golden_set = models.ForeignKey(GoldenSet, on_delete=models.CASCADE, related_name="items")
     position = models.PositiveIntegerField(default=0)
     input = models.JSONField()
@@ -65,6 +76,11 @@ class GoldenItem(models.Model):
                               help_text='Criteria with points: [{"criterion": "...", "max_points": 2}, ...]')
     tags = models.JSONField(default=list, blank=True, help_text='For example ["critical"].')
     metadata = models.JSONField(default=dict, blank=True)
+    # dealt when the item is written (services: evals/splits.py's rule), editable afterwards; not in content_hash:
+    # where an item serves changes nothing of how its answer is graded
+    split = models.CharField(max_length=10, choices=Split.choices,
+                             help_text="train, validation or test: where evolution uses the item (dealt by its "
+                                       "first tag when it is added; editable).")
     # what a result of this item depends on: input, expected output, criteria, rubric (not tags or metadata)
     content_hash = models.CharField(max_length=64, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -73,6 +89,11 @@ class GoldenItem(models.Model):
     class Meta:
         ordering = ["golden_set", "position", "id"]
         indexes = [models.Index(fields=["golden_set", "position"], name="evals_item_set_position_idx")]
+        constraints = [
+            models.CheckConstraint(condition=Q(split__in=GoldenItemSplit.values),
+                                   name="%(app_label)s_%(class)s_known_split",
+                                   violation_error_message="An item's split is train, validation or test."),
+        ]
 
     def __str__(self) -> str:
         text = self.input if isinstance(self.input, str) else json.dumps(self.input, ensure_ascii=False)

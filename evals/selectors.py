@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from evals.models import EvalRun, GoldenResult, GoldenSet
+from collections import Counter, defaultdict
+
+from evals import splits
+from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
 from workflows.models import WorkflowVersion
 
 
@@ -57,3 +60,30 @@ def golden_set_lookup(ref: str, *, workspace: str | None = None) -> GoldenSet:
     if len(matches) > 1:
         raise LookupError(f"several golden sets are named {ref!r}: add --workspace SLUG")
     return matches[0]
+
+
+def split_plan(golden_set: GoldenSet, *, counts: dict[str, int] | None = None) -> splits.SplitPlan:
+    """The set's items per split and whether they can carry a held-out claim (`held_out`, else `reason`: too few
+    items, EVAL_MIN_SPLIT_ITEMS, or a split under its minimum), with the counts of each stratum (first tag).
+    Given `counts` (a list's annotations), no query: the plan without strata."""
+    from evals.conf import eval_settings
+
+    conf = eval_settings()
+    strata = None
+    if counts is None:
+        by_stratum: dict[str, Counter] = defaultdict(Counter)
+        for tags, split in GoldenItem.objects.filter(golden_set=golden_set).values_list("tags", "split").iterator():
+            by_stratum[splits.stratum_of(tags)][split] += 1
+        counts = sum(by_stratum.values(), Counter())
+        strata = by_stratum
+    return splits.plan(counts, proportions=conf.split_proportions, min_items=conf.min_split_items, strata=strata)
+
+
+def split_items(golden_set: GoldenSet) -> dict[str, list[int]]:
+    """The ids of the set's items in each split, in the set's order (what a search, a selection and a held-out
+    report each read)."""
+    ids: dict[str, list[int]] = {split: [] for split in splits.SPLITS}
+    for pk, split in GoldenItem.objects.filter(golden_set=golden_set).order_by("position", "pk") \
+            .values_list("pk", "split"):
+        ids[split].append(pk)
+    return ids

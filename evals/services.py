@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from django.db import transaction
 from django.db.models import Max
 
+from evals import splits
 from evals.conf import eval_settings
 from evals.models import EvalRun, GoldenItem, GoldenSet, Promotion, item_content_hash
 from evals.stats import Comparison, paired_comparison
@@ -70,11 +71,13 @@ def golden_set_create(*, workspace, name: str, workflow: Workflow | None = None,
 
 
 def golden_item_add(*, golden_set: GoldenSet, input, expected_output: str = "", scoring_criteria: str = "",
-                    rubric=None, tags=None, metadata=None, position: int | None = None) -> GoldenItem:
-    """Add an item (after the set's last one unless `position` is given); EvalError naming the field when an item
-    field is bad, or on "golden_set" when the set already holds EVAL_MAX_ITEMS_PER_SET items."""
+                    rubric=None, tags=None, metadata=None, position: int | None = None,
+                    split: str | None = None) -> GoldenItem:
+    """Add an item (after the set's last one unless `position` is given), in `split` or, without one, in the split
+    evals/splits.py deals it (after the set's other items: theirs never change); EvalError naming the field when
+    an item field is bad, or on "golden_set" when the set already holds EVAL_MAX_ITEMS_PER_SET items."""
     errors = item_errors(input=input, expected_output=expected_output, scoring_criteria=scoring_criteria,
-                         rubric=rubric, tags=tags, metadata=metadata)
+                         rubric=rubric, tags=tags, metadata=metadata, split=split)
     if errors:
         raise EvalError(errors)
     with transaction.atomic():
@@ -82,9 +85,31 @@ def golden_item_add(*, golden_set: GoldenSet, input, expected_output: str = "", 
         if position is None:
             last = GoldenItem.objects.filter(golden_set=golden_set).aggregate(last=Max("position"))["last"]
             position = (last or 0) + 1
-        return GoldenItem.objects.create(golden_set=golden_set, input=input, expected_output=expected_output or "",
-                                         scoring_criteria=scoring_criteria or "", rubric=rubric or [],
-                                         tags=tags or [], metadata=metadata or {}, position=position)
+        item = GoldenItem(golden_set=golden_set, input=input, expected_output=expected_output or "",
+                          scoring_criteria=scoring_criteria or "", rubric=rubric or [], tags=tags or [],
+                          metadata=metadata or {}, position=position, split=split or "")
+        golden_items_deal_splits(golden_set=golden_set, items=[item])
+        item.save()
+        return item
+
+
+def golden_items_deal_splits(*, golden_set: GoldenSet, items: list[GoldenItem]) -> None:
+    """Give each of `items` (new items of `golden_set`, in their order) without a split the one evals/splits.py
+    deals it after the set's present items, those of `items` that have one counted as they come. Call it in the
+    transaction that saves them: it locks the set's row until that commits, so two writers dealing at once (an
+    import, an item added in the admin) do not both count the same items; the second deals after the first's."""
+    GoldenSet.objects.select_for_update().filter(pk=golden_set.pk).values_list("pk").first()
+    conf = eval_settings()
+    present = GoldenItem.objects.filter(golden_set=golden_set).values_list("tags", "split")
+    dealer = splits.dealer(seed=golden_set.name, proportions=conf.split_proportions, min_items=conf.min_split_items,
+                           existing=((splits.stratum_of(tags), split) for tags, split in present.iterator()))
+    for item in items:
+        stratum = splits.stratum_of(item.tags)
+        if item.split:
+            dealer.seen(stratum, item.split)
+            continue
+        content_hash = item_content_hash(item.input, item.expected_output, item.scoring_criteria, item.rubric)
+        item.split = dealer.deal(stratum, splits.item_key(item.metadata, content_hash))
 
 
 def _lock_with_room(golden_set: GoldenSet, *, adding: int, field: str) -> None:
@@ -98,8 +123,9 @@ def _lock_with_room(golden_set: GoldenSet, *, adding: int, field: str) -> None:
                                  f"{held:,}, so {adding:,} more would be too many"]})
 
 
-def item_errors(*, input, expected_output, scoring_criteria, rubric, tags, metadata) -> dict[str, list[str]]:
-    """What is wrong with an item's fields, by field (empty when nothing is)."""
+def item_errors(*, input, expected_output, scoring_criteria, rubric, tags, metadata,
+                split=None) -> dict[str, list[str]]:
+    """What is wrong with an item's fields, by field (empty when nothing is); an empty `split` is one to deal."""
     errors: dict[str, list[str]] = {}
     if input is None or input == "" or input == {}:
         errors["input"] = ["is required"]
@@ -116,6 +142,8 @@ def item_errors(*, input, expected_output, scoring_criteria, rubric, tags, metad
         errors["tags"] = ["must be a list of short names"]
     if metadata and not isinstance(metadata, dict):
         errors["metadata"] = ["must be an object"]
+    if split not in (None, "") and split not in splits.SPLITS:
+        errors["split"] = [f"must be one of {', '.join(splits.SPLITS)} (or empty: dealt by the item's first tag)"]
     return errors
 
 
@@ -321,7 +349,8 @@ def golden_items_import(*, golden_set: GoldenSet, items: Iterable[ImportLine], p
     and the length caps) and kept its problems: a line with errors is reported, never written. All or nothing:
     a bad line writes nothing unless `partial`, which writes the good ones; no good line writes nothing either
     way. Returns (the items written, {"line", "fields"} for each bad line). The set's row is locked while the
-    positions are taken, so two imports into one set do not interleave. Items that would take the set past
+    positions are taken and the splits dealt (a line's `split`, else evals/splits.py's), so two imports into one
+    set do not interleave. Items that would take the set past
     EVAL_MAX_ITEMS_PER_SET write nothing: EvalError on `field` (what the caller sent them as)."""
     items = list(items)
     good = [item for item in items if not item.errors]
@@ -334,7 +363,8 @@ def golden_items_import(*, golden_set: GoldenSet, items: Iterable[ImportLine], p
         row = GoldenItem(golden_set=golden_set, input=values["input"],
                          expected_output=values.get("expected_output") or "",
                          scoring_criteria=values.get("scoring_criteria") or "", rubric=values.get("rubric") or [],
-                         tags=values.get("tags") or [], metadata=values.get("metadata") or {})
+                         tags=values.get("tags") or [], metadata=values.get("metadata") or {},
+                         split=values.get("split") or "")
         # bulk_create skips save(), which computes the hash
         row.content_hash = item_content_hash(row.input, row.expected_output, row.scoring_criteria, row.rubric)
         rows.append(row)
@@ -343,5 +373,6 @@ def golden_items_import(*, golden_set: GoldenSet, items: Iterable[ImportLine], p
         last = GoldenItem.objects.filter(golden_set=golden_set).aggregate(last=Max("position"))["last"] or 0
         for position, row in enumerate(rows, start=last + 1):
             row.position = position
+        golden_items_deal_splits(golden_set=golden_set, items=rows)
         created = GoldenItem.objects.bulk_create(rows, batch_size=1000)
     return created, errors

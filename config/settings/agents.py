@@ -1,6 +1,8 @@
 """Workflows, MCP, evaluations: the runner's limits and the evals' statistics (workflows/conf.py,
 evals/conf.py and workflows/mcp.py document each)."""
 
+from django.core.exceptions import ImproperlyConfigured
+
 from config.env import env_float, env_int, env_list, env_str
 from config.settings.llm import LLM_DEFAULT_MODEL
 
@@ -21,3 +23,21 @@ EVAL_CRITICAL_TOLERANCE = env_float("EVAL_CRITICAL_TOLERANCE", 0.1, minimum=0.0)
 EVAL_BOOTSTRAP_RESAMPLES = env_int("EVAL_BOOTSTRAP_RESAMPLES", 10_000, minimum=100, maximum=1_000_000)
 EVAL_MAX_ITEMS_PER_SET = env_int("EVAL_MAX_ITEMS_PER_SET", 5000, minimum=1, maximum=100_000)
 EVAL_REGEX_TIMEOUT_SECONDS = env_float("EVAL_REGEX_TIMEOUT_SECONDS", 2.0, minimum=0.01)
+
+
+def _split_shares(raw: list[str]) -> tuple[float, float, float]:
+    """Three positive numbers (train, validation, test) as shares summing to 1."""
+    try:
+        shares = [float(value) for value in raw]
+    except ValueError:
+        shares = []
+    if len(shares) != 3 or not all(0 < share < float("inf") for share in shares):
+        raise ImproperlyConfigured(f"EVAL_SPLIT_PROPORTIONS={','.join(raw)!r} is not valid: expected three positive "
+                                   "numbers, train,validation,test (for example 50,25,25).")
+    return tuple(share / sum(shares) for share in shares)
+
+
+# a golden set's items per split (evals/splits.py): train, validation, test
+EVAL_SPLIT_PROPORTIONS = _split_shares(env_list("EVAL_SPLIT_PROPORTIONS", ["50", "25", "25"]))
+# a set of fewer items cannot carry a held-out claim (each split needs at least 3 items, so at least 9)
+EVAL_MIN_SPLIT_ITEMS = env_int("EVAL_MIN_SPLIT_ITEMS", 12, minimum=9, maximum=100_000)

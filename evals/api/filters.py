@@ -64,10 +64,13 @@ class GoldenItemFilter(django_filters.FilterSet):
     golden_set = _golden_set_filter("golden_set", help_text="Items of this golden set (one of yours).")
     tag = django_filters.CharFilter(method="filter_tag", max_length=50,
                                     help_text='Items carrying this tag (for example "critical").')
+    split = django_filters.MultipleChoiceFilter(choices=GoldenItem.Split.choices,
+                                                help_text="Items of this split: train, validation or test (repeat "
+                                                          "for several).")
 
     class Meta:
         model = GoldenItem
-        fields = ["workspace", "golden_set", "tag"]
+        fields = ["workspace", "golden_set", "tag", "split"]
 
     def filter_tag(self, queryset, name, value):
         return queryset.filter(tags__contains=[value])

@@ -9,7 +9,9 @@ from evals import graders as graders_module
 from evals import importing
 from evals.graders import GraderConfigError, validate_graders
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion, default_graders
+from evals.selectors import split_plan
 from evals.services import item_errors
+from evals.splits import SPLITS
 from workflows.api.serializers import NULLABLE_URI, _link, _list_link
 from workflows.models import Workflow, WorkflowInvocation, WorkflowVersion
 from workspaces.api.base import WorkspaceField, member_workspace_ids
@@ -66,6 +68,28 @@ def _text(max_length: int, **kwargs):
 
 # -------------------------------------------------------------------------------------------- golden sets
 
+class SplitCountsSerializer(serializers.Serializer):
+    train = serializers.IntegerField()
+    validation = serializers.IntegerField()
+    test = serializers.IntegerField()
+
+
+class SplitSharesSerializer(serializers.Serializer):
+    train = serializers.FloatField()
+    validation = serializers.FloatField()
+    test = serializers.FloatField()
+
+
+class SplitPlanSerializer(serializers.Serializer):
+    held_out = serializers.BooleanField(help_text="Whether the splits can carry a held-out claim.")
+    reason = serializers.CharField(help_text='Why not ("" when they can).')
+    total = serializers.IntegerField()
+    counts = SplitCountsSerializer(help_text="Items per split.")
+    min_items = serializers.IntegerField(help_text="EVAL_MIN_SPLIT_ITEMS: the fewest items a held-out claim needs.")
+    min_per_split = serializers.IntegerField(help_text="The fewest items each split needs.")
+    proportions = SplitSharesSerializer(help_text="EVAL_SPLIT_PROPORTIONS: the shares new items are dealt by.")
+
+
 class GoldenSetSerializer(serializers.ModelSerializer):
     url = serializers.HyperlinkedIdentityField(view_name="golden-set-detail")
     workspace = WorkspaceField()
@@ -76,6 +100,10 @@ class GoldenSetSerializer(serializers.ModelSerializer):
                                             help_text="An item passes when its score is at least this (0..1).")
     graders = serializers.JSONField(required=False, default=default_graders, help_text=GRADERS_HELP)
     item_count = serializers.IntegerField(read_only=True)
+    split_plan = serializers.SerializerMethodField(
+        help_text="Its items per split (train, validation, test) and whether they can carry a held-out claim: "
+                  "`held_out` false with the `reason` when the set is under EVAL_MIN_SPLIT_ITEMS items or a split "
+                  "under its minimum.")
     items_url = serializers.SerializerMethodField(help_text="Its items, in order (the item list, filtered).")
     eval_runs_url = serializers.SerializerMethodField(help_text="Its eval runs (the eval-run list, filtered).")
     created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
@@ -83,7 +111,7 @@ class GoldenSetSerializer(serializers.ModelSerializer):
     class Meta:
         model = GoldenSet
         fields = ["id", "url", "workspace", "workflow", "name", "description", "pass_threshold", "graders",
-                  "item_count", "items_url", "eval_runs_url", "created_by", "created_at", "updated_at"]
+                  "item_count", "split_plan", "items_url", "eval_runs_url", "created_by", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
         validators = []  # the duplicate check in validate() names the `name` field
 
@@ -95,6 +123,12 @@ class GoldenSetSerializer(serializers.ModelSerializer):
 
     def get_items_url(self, obj) -> str:
         return _list_link(self.context.get("request"), "golden-item-list", f"?golden_set={obj.pk}")
+
+    @extend_schema_field(SplitPlanSerializer)
+    def get_split_plan(self, obj) -> dict:
+        counts = {split: getattr(obj, f"{split}_count", None) for split in SPLITS}
+        plan = split_plan(obj, counts=counts if None not in counts.values() else None)
+        return {key: value for key, value in plan.as_dict().items() if key != "strata"}
 
     def get_eval_runs_url(self, obj) -> str:
         return _list_link(self.context.get("request"), "eval-run-list", f"?golden_set={obj.pk}")
@@ -172,11 +206,15 @@ class GoldenItemSerializer(serializers.ModelSerializer):
     tags = serializers.JSONField(required=False, default=list,
                                  help_text='Short names; "critical" items block a promotion that regresses them.')
     metadata = serializers.JSONField(required=False, default=dict, help_text="Any JSON object.")
+    split = serializers.ChoiceField(choices=GoldenItem.Split.choices, required=False,
+                                    help_text="train, validation or test: where evolution uses the item. Left out on "
+                                              "create, the item is dealt one by its first tag (evals/splits.py); the "
+                                              "set's other items keep theirs.")
 
     class Meta:
         model = GoldenItem
         fields = ["id", "url", "golden_set", "position", "input", "expected_output", "scoring_criteria", "rubric",
-                  "tags", "metadata", "content_hash", "created_at", "updated_at"]
+                  "tags", "metadata", "split", "content_hash", "created_at", "updated_at"]
         read_only_fields = ["id", "content_hash", "created_at", "updated_at"]
 
     def get_fields(self):
@@ -186,7 +224,7 @@ class GoldenItemSerializer(serializers.ModelSerializer):
         return fields
 
     def validate(self, attrs):
-        names = ("input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata")
+        names = ("input", "expected_output", "scoring_criteria", "rubric", "tags", "metadata", "split")
         values = {name: attrs.get(name, getattr(self.instance, name, None)) for name in names}
         errors = item_errors(**values)
         if errors:

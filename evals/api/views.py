@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Count, F, ProtectedError
+from django.db.models import Count, F, ProtectedError, Q
 from django_filters.utils import translate_validation
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
@@ -37,6 +37,7 @@ from evals.api.serializers import (
     ProposalSerializer,
 )
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
+from evals.splits import SPLITS
 from workflows.models import Workflow, WorkflowVersion
 from workspaces.api.base import WorkspaceScopedMixin, WorkspaceScopedReadOnlyViewSet, WorkspaceScopedViewSet
 from workspaces.api.pagination import INVALID_CURSOR, IdCursorPagination
@@ -121,7 +122,8 @@ Send it as a multipart upload (`file`), as the whole body with the content type 
 UTF-8 (a byte-order mark is fine).
 
 Keys (JSONL) or columns (CSV): `input` (required), `expected_output`, `scoring_criteria`, `rubric` (JSON: a list
-of {{"criterion", "max_points"}}), `tags` (a JSON list, or comma-separated names), `metadata` (a JSON object).
+of {{"criterion", "max_points"}}), `tags` (a JSON list, or comma-separated names), `metadata` (a JSON object),
+`split` (train, validation or test; left out or empty, the item is dealt one by its first tag: evals/splits.py).
 In CSV, `input` is the cell's text, or the object when the cell starts with `{{` (then it must be a valid JSON
 object: send text starting with `{{` as JSONL). An unknown key or column is an error; `expected_output` holds at
 most {importing.MAX_EXPECTED_OUTPUT:,} characters, `scoring_criteria` {importing.MAX_CRITERIA:,}; JSON nested
@@ -148,7 +150,9 @@ class GoldenSetViewSet(WorkspaceScopedViewSet):
     """Golden sets of the caller's workspaces: items an agent workflow is scored on, with the graders that
     score them. import/ adds items from a JSONL or CSV file; compare/ compares two versions' latest runs on it."""
 
-    queryset = GoldenSet.objects.select_related("created_by").annotate(item_count=Count("items"))
+    queryset = GoldenSet.objects.select_related("created_by").annotate(
+        item_count=Count("items"), **{f"{split}_count": Count("items", filter=Q(items__split=split))
+                                      for split in SPLITS})
     serializer_class = GoldenSetSerializer
     filterset_class = GoldenSetFilter
 
@@ -295,7 +299,8 @@ def _import_refused(field: str, bad: list[dict]) -> Response:
 
 @extend_schema_view(
     list=extend_schema(summary="List golden items", description="In their set's order (position, then id); "
-                                                                "`?golden_set=` for one set."),
+                                                                "`?golden_set=` for one set, `?split=` for the "
+                                                                "items of a split (repeat for several)."),
     retrieve=extend_schema(summary="A golden item"),
     create=extend_schema(summary="Add an item to a golden set (after its last item unless `position` is given)"),
     update=extend_schema(summary="Change an item (409 while an eval run of its set is in progress)"),
@@ -328,7 +333,7 @@ class GoldenItemViewSet(WorkspaceScopedViewSet):
             serializer.instance = services.golden_item_add(
                 golden_set=golden_set, input=data["input"], expected_output=data.get("expected_output", ""),
                 scoring_criteria=data.get("scoring_criteria", ""), rubric=data.get("rubric"), tags=data.get("tags"),
-                metadata=data.get("metadata"), position=data.get("position"))
+                metadata=data.get("metadata"), position=data.get("position"), split=data.get("split"))
         except services.EvalError as exc:
             raise _invalid(exc) from None
 

@@ -57,6 +57,9 @@ def _start(**overrides):
         ("REDIS_URL", "http://localhost:6379"),
         ("EMBEDDING_DIMENSIONS", "lots"),
         ("OPENAI_BASE_URL", "localhost:8080"),
+        ("EVAL_SPLIT_PROPORTIONS", "50,50"),
+        ("EVAL_SPLIT_PROPORTIONS", "50,0,50"),
+        ("EVAL_MIN_SPLIT_ITEMS", "6"),
     ],
 )
 def test_bad_environment_stops_start_up_with_the_variable_named(variable, value):

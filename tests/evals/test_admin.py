@@ -119,7 +119,7 @@ def count_queries(client, url) -> int:
 # ----------------------------------------------------------------------------------------- the lists
 
 def test_every_evals_changelist_opens(staff_client, evaluated):
-    for model in ("goldenset", "evalrun", "goldenresult", "promotion"):
+    for model in ("goldenset", "goldenitem", "evalrun", "goldenresult", "promotion"):
         response = staff_client.get(reverse(f"admin:evals_{model}_changelist"))
         assert response.status_code == 200, model
 
@@ -175,6 +175,7 @@ def item_rows(golden_set, items, *, extra=()):
                   "rubric": json.dumps(item.rubric) if item else "[]",
                   "tags": json.dumps(item.tags) if item else "[]",
                   "metadata": json.dumps(item.metadata) if item else "{}",
+                  "split": item.split if item else "",
                   "id": item.pk if item else "", "golden_set": golden_set.pk}
         values.update(changes)
         data.update({f"items-{index}-{key}": value for key, value in values.items()})
@@ -223,6 +224,68 @@ def test_items_are_edited_inline_and_a_new_item_without_a_position_goes_last(sta
     added = linked_set.items.order_by("position").last()
     assert added.input == {"text": "Do you ship abroad?"} and added.position == items[-1].position + 1
     assert added.rubric == [{"criterion": "says no", "max_points": 1}] and added.metadata == {}
+
+
+def test_an_items_split_is_edited_inline_and_a_new_item_is_dealt_one(staff_client, linked_set):
+    items = list(linked_set.items.order_by("position"))
+    assert {item.split for item in items} <= {"train", "validation", "test"}
+    first = items[0]
+    moved_to = "test" if first.split != "test" else "validation"
+    others = {item.pk: item.split for item in items[1:]}
+    response = staff_client.post(change_url("goldenset", linked_set.pk), set_form(
+        linked_set, [(first, {"split": moved_to}), *((item, {}) for item in items[1:])],
+        extra=[{"input": '"dealt"', "tags": '["refunds"]'}, {"input": '"chosen"', "split": "validation"}]))
+    assert response.status_code == 302, response.context["adminform"].form.errors if response.context else ""
+    first.refresh_from_db()
+    assert first.split == moved_to
+    assert dict(linked_set.items.filter(pk__in=others).values_list("pk", "split")) == others
+    dealt, chosen = linked_set.items.order_by("position")[6:]
+    assert dealt.split in ("train", "validation", "test") and chosen.split == "validation"
+
+    # an item keeps a split: emptying it is an error on that row, and nothing is saved
+    response = staff_client.post(change_url("goldenset", linked_set.pk), set_form(
+        linked_set, [(first, {"split": ""}), *((item, {}) for item in linked_set.items.order_by("position")[1:])]))
+    assert response.status_code == 200
+    assert "split" in response.context["inline_admin_formsets"][0].formset.forms[0].errors
+    first.refresh_from_db()
+    assert first.split == moved_to
+
+
+def test_the_set_page_and_list_show_the_splits_or_why_no_held_out_claim_is_possible(staff_client, linked_set):
+    page = staff_client.get(change_url("goldenset", linked_set.pk))
+    html = page.content.decode()
+    assert 'id="ev-splits"' in html and 'data-held-out="false"' in html
+    assert "The set has 6 items: a held-out split needs at least 12 (EVAL_MIN_SPLIT_ITEMS)" in html
+    for index in range(8):
+        golden_item_add(golden_set=linked_set, input={"text": f"more {index}"}, tags=["shipping"])
+    page = staff_client.get(change_url("goldenset", linked_set.pk))
+    html = page.content.decode()
+    assert 'data-held-out="true"' in html and "14 items: train, validation and test can carry a held-out claim" in html
+    plan = page.context["split_plan"]
+    assert sum(plan.counts.values()) == 14 and min(plan.counts.values()) >= 3
+    assert plan.strata["shipping"] == {"train": 4, "validation": 2, "test": 2}
+    assert re.search(r'<tr class="ev-stratum"><td>shipping</td><td>4</td><td>2</td><td>2</td></tr>', html)
+    assert "50% / 25% / 25%" in html
+    listing = staff_client.get(reverse("admin:evals_goldenset_changelist")).content.decode()
+    counts = " / ".join(str(plan.counts[split]) for split in ("train", "validation", "test"))
+    assert f'<td class="field-splits_display">{counts}</td>' in listing
+
+
+def test_the_item_list_shows_each_items_split_and_filters_on_it(staff_client, linked_set, other_workspace):
+    theirs = golden_set_create(workspace=other_workspace, name="theirs", graders=[{"kind": "exact"}])
+    golden_item_add(golden_set=theirs, input="their question", split="test")
+    url = reverse("admin:evals_goldenitem_changelist")
+    listed = staff_client.get(url).context["cl"].result_list
+    assert {item.pk for item in listed} == set(linked_set.items.values_list("pk", flat=True))
+    tests = set(linked_set.items.filter(split="test").values_list("pk", flat=True))
+    assert tests and {item.pk for item in staff_client.get(url + "?split__exact=test").context["cl"].result_list} \
+        == tests
+    html = staff_client.get(url + f"?golden_set={linked_set.pk}").content.decode()
+    assert '<td class="field-split">Test</td>' in html and "their question" not in html
+    item = linked_set.items.filter(split="test").first()
+    page = staff_client.get(change_url("goldenitem", item.pk))
+    assert page.status_code == 200 and "Test" in page.content.decode()
+    assert staff_client.post(change_url("goldenitem", item.pk), {"split": "train"}).status_code == 403
 
 
 def test_item_fields_are_checked_like_the_service_checks_them(staff_client, linked_set):
@@ -392,7 +455,8 @@ def test_an_import_with_bad_lines_adds_nothing_and_names_each_line(staff_client,
         "line 3: input: is required",
         'line 4: rubric: must be a list of {"criterion": text, "max_points": a number from 0 to 1000}',
         "line 5: line: must be a JSON object with an `input` key",
-        "line 6: colour: unknown key; known: input, expected_output, scoring_criteria, rubric, tags, metadata",
+        "line 6: colour: unknown key; known: input, expected_output, scoring_criteria, rubric, tags, metadata, "
+        "split",
         # line 7's tags are comma-separated names, which the API's rules accept (evals/importing.py)
         "line 8: line: is not valid JSON: NaN is not a JSON number",
         "line 9: input: Null characters are not allowed.",
@@ -403,7 +467,7 @@ def test_an_import_with_bad_lines_adds_nothing_and_names_each_line(staff_client,
 
     csv_errors = upload(staff_client, linked_set, "bad.csv", 'input,rubric,colour\nq,[,x\n').context["errors"]
     assert csv_errors == ["Unknown CSV column(s) 'colour'; the header names columns among input, expected_output, "
-                          "scoring_criteria, rubric, tags, metadata."]
+                          "scoring_criteria, rubric, tags, metadata, split."]
     csv_errors = upload(staff_client, linked_set, "bad.csv", 'input,rubric\nq,[\n"",\nok,\n').context["errors"]
     assert csv_errors[0].startswith("line 2: rubric: is not valid JSON")
     assert len(csv_errors) == 1  # line 3 (`"",`) is a blank row, skipped as the API skips it
@@ -827,8 +891,8 @@ def test_another_workspaces_objects_are_absent_and_cannot_be_acted_on(outsider_c
     promotion = Promotion.objects.create(workflow=evaluated["base"].workflow, workflow_version=evaluated["base"],
                                          action="rollback", evidence={"secret": "plan"})
     golden_set = evaluated["set"]
-    for model, pk in (("goldenset", golden_set.pk), ("evalrun", evaluated["base_run"].pk),
-                      ("goldenresult", result.pk), ("promotion", promotion.pk)):
+    for model, pk in (("goldenset", golden_set.pk), ("goldenitem", golden_set.items.first().pk),
+                      ("evalrun", evaluated["base_run"].pk), ("goldenresult", result.pk), ("promotion", promotion.pk)):
         response = outsider_client.get(change_url(model, pk))
         assert response.status_code == 302 and response.url == reverse("admin:index"), model
         listing = outsider_client.get(reverse(f"admin:evals_{model}_changelist"))
@@ -961,8 +1025,8 @@ def budget_scene(workspace, *, sets: int, items: int, runs: int):
 def test_changelists_query_count_does_not_grow_with_rows(staff_client, workspace):
     budget_scene(workspace, sets=1, items=2, runs=1)
     urls = [reverse(f"admin:evals_{model}_changelist") for model in ("goldenset", "evalrun", "goldenresult",
-                                                                      "promotion")]
-    urls += [urls[1] + "?_facets=True", urls[0] + "?_facets=True"]
+                                                                      "promotion", "goldenitem")]
+    urls += [urls[1] + "?_facets=True", urls[0] + "?_facets=True", urls[4] + "?_facets=True&split__exact=test"]
     before = [count_queries(staff_client, url) for url in urls]
     budget_scene(workspace, sets=8, items=5, runs=3)
     assert [count_queries(staff_client, url) for url in urls] == before
@@ -977,7 +1041,8 @@ def test_change_pages_query_count_does_not_grow_with_items_or_results(staff_clie
         return [change_url("goldenset", golden_set.pk), change_url("evalrun", run.pk),
                 compare_url(golden_set, version_a, version_b),
                 change_url("promotion", Promotion.objects.get(golden_set=golden_set).pk),
-                change_url("goldenresult", GoldenResult.objects.filter(eval_run=run).first().pk)]
+                change_url("goldenresult", GoldenResult.objects.filter(eval_run=run).first().pk),
+                change_url("goldenitem", golden_set.items.first().pk)]
 
     for url in pages(small, a, b):  # content types and the like are cached after a first visit
         count_queries(staff_client, url)

@@ -1,6 +1,7 @@
 """The evals admin in a real browser (Debian's Chromium through Playwright, against live_server): the
-compare page of two evaluated versions (both scores per item, the verdict, the paired chart) and a
-promotion through its button; the eval run page's histogram. Screenshots land in the test's tmp_path."""
+golden set page (its splits, its items inline), the compare page of two evaluated versions (both scores per
+item, the verdict, the paired chart) and a promotion through its button; the eval run page's histogram.
+Screenshots land in the test's tmp_path."""
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -55,6 +56,11 @@ def test_operator_compares_two_versions_and_promotes_the_better_one(live_server,
     page.locator("#ev-run-form").wait_for(state="visible")
     assert page.locator("#ev-recent-runs tr.ev-run-row").count() == 2
     assert page.locator("#items-group tr.has_original").count() == 6
+    # six items are too few to hold a split out: the page says so; each item's split is a choice in its row
+    assert page.locator("#ev-split-verdict").inner_text().startswith("No held-out claim: The set has 6 items")
+    assert page.locator("#ev-split-table tr.ev-split-total th").all_inner_texts()[1:] == [
+        str(scene["set"].items.filter(split=split).count()) for split in ("train", "validation", "test")]
+    assert page.locator("#items-group tr.has_original select[name$='-split']").count() == 6
     page.screenshot(path=str(tmp_path / "golden-set.png"), full_page=True)
     assert_fits_the_screen(page)
 

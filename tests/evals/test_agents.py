@@ -15,6 +15,7 @@ from evals import agents
 from evals.agents import load_agents, model_tiers, seed_agents
 from evals.graders import validate_graders
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
+from evals.selectors import split_plan
 from llm.chat import model_problem
 from llm.offline_chat import DIRECTIVES
 from workflows import dsl as dsl_module
@@ -27,6 +28,8 @@ CANONICAL = {  # REFERENCE.md: name -> (model tier, temperature)
     "Data Analyst": ("sonnet", 0.15), "Content Strategist": ("sonnet", 0.5), "Meeting Summarizer": ("haiku", 0.2),
     "Bug Triage Assistant": ("sonnet", 0.1),
 }
+# the agents evolution is benchmarked on (bench/evolution.py): their sets are split into train, validation and test
+BENCHMARK_AGENTS = ("Research Analyst", "Content Strategist", "Bug Triage Assistant")
 SPECIALISTS = {"research": "research-analyst", "code_review": "code-review-agent", "data_analysis": "data-analyst",
                "content": "content-strategist", "meeting": "meeting-summarizer", "bug_triage": "bug-triage-assistant"}
 
@@ -93,7 +96,12 @@ def test_the_files_describe_the_seven_canonical_agents():
         assert schema["type"] == "object" and schema["required"], spec.name
         graders = validate_graders(spec.graders)
         assert {grader["kind"] for grader in graders} >= {"token_f1", "llm_judge"}, spec.name
-        assert 6 <= len(spec.items) <= 10, spec.name
+        if spec.name in BENCHMARK_AGENTS:  # big enough for a held-out test split of 8 items or more
+            assert len(spec.items) >= 30, spec.name
+            assert sum("critical" in item.tags for item in spec.items) >= 3, spec.name
+            assert len({item.tags[0] for item in spec.items if item.tags}) >= 5, spec.name  # strata to deal
+        else:
+            assert 6 <= len(spec.items) <= 10, spec.name
         assert any("critical" in item.tags for item in spec.items), spec.name
         assert len({item.key for item in spec.items}) == len(spec.items)
         fields = next((g.get("fields") for g in graders if g["kind"] == "json_fields"), None)
@@ -155,9 +163,16 @@ def test_seeding_is_idempotent(workspace):
         items = list(golden.items.order_by("position"))
         assert [item.metadata["key"] for item in items] == [item.key for item in spec.items]
         assert any(item.critical for item in items)
+        plan = split_plan(golden)  # the benchmark sets are split for a held-out claim; the others are too small
+        assert plan.held_out is (spec.name in BENCHMARK_AGENTS), (spec.name, plan.reason)
+        if plan.held_out:
+            assert plan.counts["test"] >= 8 and plan.counts["validation"] >= 7, (spec.name, plan.counts)
+            assert {item.split for item in items if item.critical} >= {"train", "test"}, spec.name
+    splits = dict(GoldenItem.objects.values_list("pk", "split"))
 
     again = seed_agents(workspace=workspace)
     assert not again.changed
+    assert dict(GoldenItem.objects.values_list("pk", "split")) == splits
     assert all(o.workflow == "unchanged" and o.golden_set == "unchanged" and o.items_unchanged > 0
                for o in again.agents)
     assert [o.version_id for o in again.agents] == [o.version_id for o in first.agents]
@@ -229,7 +244,7 @@ def test_items_are_updated_in_place_by_key_and_pruned_only_when_asked(workspace,
     assert (outcome.items_updated, outcome.items_removed, outcome.items_added) == (1, 0, 0)
     assert GoldenItem.objects.filter(pk=by_key[dropped].pk).exists()  # without --prune nothing is deleted
     item = GoldenItem.objects.get(pk=by_key[edited].pk)  # the same row, updated
-    assert "edited" in item.tags
+    assert "edited" in item.tags and item.split == by_key[edited].split  # its split stays where it was dealt
 
     pruned = seed_agents(workspace=workspace, prune=True)
     outcome = next(o for o in pruned.agents if o.name == "Data Analyst")

@@ -286,6 +286,39 @@ def test_items_are_added_in_order_validated_and_changed(api_as, owner, workspace
     assert golden.items.count() == 2
 
 
+def test_items_have_a_split_the_list_filters_on_and_their_set_shows_its_plan(api_as, owner, workspace):
+    client = api_as(owner)
+    golden = make_set(workspace, items=0)
+    small = client.get(f"{SETS}{golden.pk}/").json()["split_plan"]
+    assert small["held_out"] is False and small["reason"].startswith("The set has 0 items: a held-out split needs "
+                                                                      "at least 12 (EVAL_MIN_SPLIT_ITEMS)")
+    created = [client.post(ITEMS_URL, {"golden_set": golden.pk, "input": f"q{index}", "tags": ["topic"]},
+                           format="json").json() for index in range(13)]
+    held = client.post(ITEMS_URL, {"golden_set": golden.pk, "input": "chosen", "split": "test"}, format="json")
+    assert held.status_code == 201 and held.json()["split"] == "test"
+    by_split = {split: [item["id"] for item in [*created, held.json()] if item["split"] == split]
+                for split in ("train", "validation", "test")}
+    assert {split: len(ids) for split, ids in by_split.items()} == {"train": 7, "validation": 3, "test": 4}
+    listed = client.get(ITEMS_URL, {"golden_set": golden.pk, "split": "test"}).json()["results"]
+    assert [item["id"] for item in listed] == by_split["test"]
+    both = client.get(ITEMS_URL, {"golden_set": golden.pk, "split": ["train", "validation"]}).json()["results"]
+    assert sorted(item["id"] for item in both) == sorted(by_split["train"] + by_split["validation"])
+    error = error_of(client.get(ITEMS_URL, {"split": "holdout"}))
+    assert "split" in error["fields"]
+
+    plan = client.get(f"{SETS}{golden.pk}/").json()["split_plan"]
+    assert plan == {"held_out": True, "reason": "", "total": 14, "counts": {"train": 7, "validation": 3, "test": 4},
+                    "min_items": 12, "min_per_split": 3, "proportions": {"train": 0.5, "validation": 0.25,
+                                                                         "test": 0.25}}
+    moved = by_split["validation"][0]
+    assert client.patch(f"{ITEMS_URL}{moved}/", {"split": "train"}, format="json").json()["split"] == "train"
+    plan = next(row for row in client.get(SETS).json()["results"] if row["id"] == golden.pk)["split_plan"]
+    assert plan["held_out"] is False and plan["counts"]["validation"] == 2
+    assert plan["reason"].startswith("the validation split has 2 items: each split needs at least 3")
+    error = error_of(client.patch(f"{ITEMS_URL}{moved}/", {"split": "holdout"}, format="json"))
+    assert "split" in error["fields"]
+
+
 @pytest.mark.parametrize(("payload", "field"), [
     ({"input": MISSING}, "input"), ({"input": None}, "input"), ({"input": ""}, "input"), ({"input": {}}, "input"),
     ({"expected_output": {"a": 1}}, "expected_output"), ({"expected_output": "x" * 200_001}, "expected_output"),
@@ -293,6 +326,7 @@ def test_items_are_added_in_order_validated_and_changed(api_as, owner, workspace
     ({"rubric": "be nice"}, "rubric"), ({"rubric": [{"criterion": "x", "max_points": 1e9}]}, "rubric"),
     ({"tags": "critical"}, "tags"), ({"tags": ["x" * 51]}, "tags"), ({"tags": [1]}, "tags"),
     ({"metadata": [1]}, "metadata"), ({"position": -1}, "position"), ({"position": 2**40}, "position"),
+    ({"split": "holdout"}, "split"), ({"split": ["test"]}, "split"),
     ({"golden_set": "x"}, "golden_set"), ({"golden_set": 10**30}, "golden_set"), ({"golden_set": None}, "golden_set"),
 ])
 def test_bad_item_input_is_400_naming_the_field(api_as, owner, workspace, payload, field):

@@ -50,7 +50,7 @@ def test_a_file_of_unknown_kind_is_read_by_its_first_character():
     (b"\n\n", "The file has no items."),
     (b"input\n", "The file has no items."),
     (b"question,answer\nq,a\n", "Unknown CSV column(s) 'question', 'answer'; the header names columns among input, "
-                                "expected_output, scoring_criteria, rubric, tags, metadata."),
+                                "expected_output, scoring_criteria, rubric, tags, metadata, split."),
     (b"input,INPUT\na,b\n", "The CSV header repeats input."),
     (b"expected_output\na\n", "The CSV header has no `input` column."),
 ])
@@ -107,7 +107,7 @@ def test_each_bad_json_line_is_refused_on_its_own_with_every_problem_by_key():
     assert errors[9] == {"input": ["Null characters are not allowed."],
                          "metadata": ["Null characters are not allowed."]}
     assert errors[10]["colour"] == ["unknown key; known: input, expected_output, scoring_criteria, rubric, tags, "
-                                    "metadata"]
+                                    "metadata, split"]
     assert set(errors[10]) == {"colour", "rubric", "tags"}
     assert errors[11] == {"expected_output": ["at most 200,000 characters"],
                           "scoring_criteria": ["at most 20,000 characters"]}
@@ -235,3 +235,23 @@ def test_an_import_costs_the_same_queries_for_one_item_as_for_two_hundred(golden
 
     assert queries(1) == queries(200)
     assert golden_set.items.count() == 202
+
+
+@pytest.mark.django_db
+def test_a_split_column_is_kept_and_an_item_without_one_is_dealt(golden_set):
+    csv_file = "input,tags,split\nq1,durable, Test \nq2,durable,\nq3,durable,VALIDATION\nq4,durable,holdout\n"
+    lines = importing.read_file(csv_file.encode(), kind="csv")
+    assert [line.values.get("split") for line in lines] == ["test", "", "validation", "holdout"]
+    assert by_line(lines) == {5: {"split": ["must be one of train, validation, test (or empty: dealt by the item's "
+                                            "first tag)"]}}
+    created, errors = golden_items_import(golden_set=golden_set, items=lines, partial=True)
+    assert [entry["line"] for entry in errors] == [5]
+    assert [item.split for item in created] == ["test", "train", "validation"]
+    assert [item.split for item in GoldenItem.objects.filter(pk__in=[i.pk for i in created]).order_by("position")] \
+        == ["test", "train", "validation"]
+    lines = importing.read_file(jsonl({"input": "q5", "split": "train"}, {"input": "q6", "split": 3}, {"input": "q7"}))
+    assert by_line(lines) == {2: {"split": ["must be one of train, validation, test (or empty: dealt by the item's "
+                                            "first tag)"]}}
+    created, _ = golden_items_import(golden_set=golden_set, items=lines, partial=True)
+    assert created[0].split == "train"
+    assert created[1].split in ("validation", "test")  # half the set is in train already: it goes to another
