@@ -36,11 +36,10 @@ import re
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 
 from django.conf import settings
 
-from llm.providers import OFFLINE_PROVIDER, configured_providers, structured_outputs
+from llm.providers import OFFLINE_PROVIDER, configured_providers, one_per_process, structured_outputs
 from llm.retry import RetryPolicy, wait
 from llm.usage import Usage, record_usage
 
@@ -316,7 +315,7 @@ class ChatProvider(ABC):
         """One attempt: the answer, or ChatError / TransientChatError. No retries, no usage recording."""
 
 
-@lru_cache(maxsize=16)
+@one_per_process
 def _openai_provider(name: str, base_url: str | None, api_key: str, timeout: int) -> ChatProvider:
     from llm.openai_chat import OpenAIChatProvider
 
