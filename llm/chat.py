@@ -348,6 +348,10 @@ def _attempt(provider: ChatProvider, request: ChatRequest, resolved: ResolvedMod
         raise _NotAdmitted(admission)
     try:
         return provider.complete(request, resolved)
+    except TransientChatError as exc:
+        if exc.rate_limited:
+            limits.give_back_start(admission)
+        raise
     finally:
         limits.release(admission)
 
