@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -35,3 +35,11 @@ app.conf.beat_schedule = {
     "evals-reconcile": {"task": "evals.reconcile", "schedule": 30.0, "options": {"expires": 25}},
     "evolution-reconcile": {"task": "evolution.reconcile", "schedule": 30.0, "options": {"expires": 25}},
 }
+
+
+@worker_init.connect
+def _load_provider_libraries(**kwargs):
+    """The model providers' client library is imported as the worker starts, not by its first calls."""
+    from llm.chat import load_provider_libraries
+
+    load_provider_libraries()

@@ -322,6 +322,17 @@ def _openai_provider(name: str, base_url: str | None, api_key: str, timeout: int
     return OpenAIChatProvider(name=name, base_url=base_url, api_key=api_key, timeout=timeout)
 
 
+def load_provider_libraries() -> None:
+    """Import the provider client library and the price database now (a worker's start: before a prefork
+    worker forks, so its processes share them) instead of in the first model calls, where a second of CPU
+    would delay every call of a threads pool's cold start. Nothing to load when every call is offline."""
+    if settings.LLM_PROVIDER == OFFLINE_PROVIDER and not settings.LLM_PROVIDERS:
+        return
+    import genai_prices  # noqa: F401
+
+    import llm.openai_chat  # noqa: F401 (imports openai)
+
+
 def get_chat_provider(resolved: ResolvedModel) -> ChatProvider:
     """The provider that answers `resolved` (one instance per configuration, shared by the process)."""
     if resolved.provider == OFFLINE_PROVIDER:
