@@ -3,12 +3,26 @@
 import os
 
 from celery import Celery
+from celery.signals import task_postrun, task_prerun, worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("lineage")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _give_back_connections(sender=None, **kwargs):
+    """A task's database connection goes back to the process's pool (a broken one is dropped), and the pool
+    stays open for the next task (settings: CELERY_DB_REUSE_MAX). An eager task runs in its caller's
+    connection, which is not the task's to give back."""
+    if getattr(getattr(sender, "request", None), "is_eager", False):
+        return
+    from django.db import close_old_connections
+
+    close_old_connections()
 
 # Each entry: what it does and why it runs at that pace.
 app.conf.beat_schedule = {
@@ -21,3 +35,11 @@ app.conf.beat_schedule = {
     "evals-reconcile": {"task": "evals.reconcile", "schedule": 30.0, "options": {"expires": 25}},
     "evolution-reconcile": {"task": "evolution.reconcile", "schedule": 30.0, "options": {"expires": 25}},
 }
+
+
+@worker_init.connect
+def _load_provider_libraries(**kwargs):
+    """The model providers' client library is imported as the worker starts, not by its first calls."""
+    from llm.chat import load_provider_libraries
+
+    load_provider_libraries()

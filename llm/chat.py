@@ -36,11 +36,10 @@ import re
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 
 from django.conf import settings
 
-from llm.providers import OFFLINE_PROVIDER, configured_providers, structured_outputs
+from llm.providers import OFFLINE_PROVIDER, configured_providers, one_per_process, structured_outputs
 from llm.retry import RetryPolicy, wait
 from llm.usage import Usage, record_usage
 
@@ -316,11 +315,22 @@ class ChatProvider(ABC):
         """One attempt: the answer, or ChatError / TransientChatError. No retries, no usage recording."""
 
 
-@lru_cache(maxsize=16)
+@one_per_process
 def _openai_provider(name: str, base_url: str | None, api_key: str, timeout: int) -> ChatProvider:
     from llm.openai_chat import OpenAIChatProvider
 
     return OpenAIChatProvider(name=name, base_url=base_url, api_key=api_key, timeout=timeout)
+
+
+def load_provider_libraries() -> None:
+    """Import the provider client library and the price database now (a worker's start: before a prefork
+    worker forks, so its processes share them) instead of in the first model calls, where a second of CPU
+    would delay every call of a threads pool's cold start. Nothing to load when every call is offline."""
+    if settings.LLM_PROVIDER == OFFLINE_PROVIDER and not settings.LLM_PROVIDERS:
+        return
+    import genai_prices  # noqa: F401
+
+    import llm.openai_chat  # noqa: F401 (imports openai)
 
 
 def get_chat_provider(resolved: ResolvedModel) -> ChatProvider:
@@ -349,6 +359,10 @@ def _attempt(provider: ChatProvider, request: ChatRequest, resolved: ResolvedMod
         raise _NotAdmitted(admission)
     try:
         return provider.complete(request, resolved)
+    except TransientChatError as exc:
+        if exc.rate_limited:
+            limits.give_back_start(admission)
+        raise
     finally:
         limits.release(admission)
 

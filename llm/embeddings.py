@@ -25,7 +25,7 @@ import numpy as np
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from llm.providers import OFFLINE_PROVIDER, provider_config
+from llm.providers import OFFLINE_PROVIDER, one_per_process, provider_config
 from llm.retry import RetryPolicy, retry_after_of, wait
 from llm.usage import Usage, estimate_tokens, record_usage
 
@@ -437,7 +437,7 @@ def _offline_provider(model: str, dimensions: int) -> EmbeddingProvider:
     return WordLlamaEmbeddingProvider(dimensions=dimensions, model=model)
 
 
-@lru_cache(maxsize=8)
+@one_per_process
 def _openai_provider(name: str, model: str, dimensions: int, api_key: str, base_url: str | None, batch_size: int,
                      timeout: int) -> EmbeddingProvider:
     return OpenAIEmbeddingProvider(name=name, model=model, dimensions=dimensions, api_key=api_key, base_url=base_url,

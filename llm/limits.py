@@ -8,7 +8,9 @@ each admission is one Lua script, so two workers can never both take the last sl
 - Requests per minute: a sliding window of start times. A call that finds the window full is given
   the first start time the window allows and that time is reserved for it (a reservation named by
   the caller's key), so calls waiting for the window are served in order, each at its own time,
-  instead of all waking at once to race for the next free start.
+  instead of all waking at once to race for the next free start. A start the provider refused (a 429:
+it counts its minute from when requests reach it, a little later than they were admitted here) is taken
+out of the window again (``give_back_start``), so the call's retry is not put a whole window behind it.
 
 The scope of the counters is the provider, or the provider's model when ``LLM_PROVIDERS`` gives that
 model limits of its own. ``admit`` never waits: it answers "go" or "not before `wait` seconds, because
@@ -43,13 +45,16 @@ if max_concurrency > 0 then
     return {0, tostring(ARGV[6]), 'concurrency'}
   end
 end
+local start = holder
 if per_minute > 0 then
   local reserved = redis.call('GET', KEYS[3])
   if reserved then
-    local at = tonumber(reserved)
+    local space = string.find(reserved, ' ')
+    local at = tonumber(space and string.sub(reserved, 1, space - 1) or reserved)
     if at > now then
       return {0, tostring(at - now), 'rate'}
     end
+    if space then start = string.sub(reserved, space + 1) end
     redis.call('DEL', KEYS[3])
   else
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
@@ -62,7 +67,7 @@ if per_minute > 0 then
     redis.call('ZADD', KEYS[2], at, holder)
     redis.call('EXPIRE', KEYS[2], math.ceil(at - now + 2 * window))
     if at > now then
-      redis.call('SET', KEYS[3], tostring(at), 'EX', math.ceil(at - now + 5 * window))
+      redis.call('SET', KEYS[3], tostring(at) .. ' ' .. holder, 'EX', math.ceil(at - now + 5 * window))
       return {0, tostring(at - now), 'rate'}
     end
   end
@@ -71,7 +76,7 @@ if max_concurrency > 0 then
   redis.call('ZADD', KEYS[1], now + hold_for, holder)
   redis.call('EXPIRE', KEYS[1], math.ceil(hold_for + window))
 end
-return {1, '0', ''}
+return {1, '0', '', start}
 """
 
 
@@ -82,6 +87,7 @@ class Admission:
     reason: str = ""  # why not, for the operator: "rate limited by openrouter (60 requests a minute)"
     holder: str = ""  # the slot taken, for `release`
     scope: str = ""
+    start: str = ""  # the start it counts in the requests-per-minute window, for `give_back_start`
 
 
 @lru_cache(maxsize=4)
@@ -124,18 +130,27 @@ def admit(provider: str, model: str, *, caller: str = "") -> Admission:
     holder = uuid.uuid4().hex
     prefix = f"lineage:llm:{scope}"
     caller = caller or holder
-    admitted, wait, kind = _script(settings.REDIS_URL, os.getpid())(
+    admitted, wait, kind, *start = _script(settings.REDIS_URL, os.getpid())(
         keys=[f"{prefix}:holders", f"{prefix}:starts", f"{prefix}:reserved:{caller}"],
         args=[limits.max_concurrency or 0, limits.requests_per_minute or 0, holder,
               float(settings.LLM_TIMEOUT_SECONDS) + 10.0, WINDOW_SECONDS, CONCURRENCY_RETRY_SECONDS, MARGIN_SECONDS])
     if int(admitted):
-        return Admission(admitted=True, holder=holder if limits.max_concurrency else "", scope=scope)
+        # a reserved start is counted under the try that reserved it
+        start = start[0].decode() if isinstance(start[0], bytes) else start[0]
+        return Admission(admitted=True, holder=holder if limits.max_concurrency else "", scope=scope,
+                         start=start if limits.requests_per_minute else "")
     kind = kind.decode() if isinstance(kind, bytes) else kind
     if kind == "rate":
         reason = f"rate limited by {scope} ({limits.requests_per_minute} requests a minute)"
     else:
         reason = f"{scope} has {limits.max_concurrency} calls in flight (its max_concurrency)"
     return Admission(admitted=False, wait=float(wait), reason=reason, scope=scope)
+
+
+def give_back_start(admission: Admission) -> None:
+    """The provider refused the admitted call (a 429): it did not start, so its start leaves the window."""
+    if admission.start:
+        _redis().zrem(f"lineage:llm:{admission.scope}:starts", admission.start)
 
 
 def release(admission: Admission) -> None:

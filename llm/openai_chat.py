@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import time
 
+import openai
+
 from llm.chat import (
     ChatError,
     ChatProvider,
@@ -33,16 +35,12 @@ class OpenAIChatProvider(ChatProvider):
 
     def __init__(self, *, name: str = "openai", base_url: str | None = None, api_key: str = "",
                  timeout: float = 60.0, client=None):
-        import openai
-
         self.name = name
-        self._openai = openai
         # the client's own retries are off: chat() retries, honouring Retry-After, and counts every attempt
         self.client = client or openai.OpenAI(base_url=base_url, api_key=api_key or "no-key", timeout=timeout,
                                               max_retries=0)
 
     def complete(self, request: ChatRequest, resolved: ResolvedModel) -> ChatResponse:
-        openai = self._openai
         options = model_options(resolved.provider, resolved.model)
         kwargs: dict = {"model": resolved.model, "messages": request.messages}
         if options.temperature:

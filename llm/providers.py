@@ -11,7 +11,10 @@ calls are scheduled, not by this module.
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -102,3 +105,30 @@ def structured_outputs(provider: str) -> bool:
     request to one that does not goes without it, and its prompt asks for the format."""
     config = configured_providers().get(provider)
     return config is not None and config.structured_outputs
+
+
+def one_per_process(build: Callable) -> Callable:
+    """`build(*args)` made once for each set of arguments in this process, however many threads ask at once
+    (``lru_cache`` alone lets every concurrent first caller build its own), and anew in a forked child (an HTTP
+    client's pooled connections are never shared across a fork). For the provider clients."""
+    built: dict[tuple, object] = {}
+    lock = threading.Lock()
+    owner = [os.getpid()]
+
+    @functools.wraps(build)
+    def get(*args):
+        with lock:
+            if owner[0] != os.getpid():
+                built.clear()
+                owner[0] = os.getpid()
+            if args not in built:
+                built[args] = build(*args)
+            return built[args]
+
+    def reset_after_fork():
+        nonlocal lock
+        lock = threading.Lock()  # a thread of the parent may have held it at the fork
+
+    os.register_at_fork(after_in_child=reset_after_fork)
+    get.cache_clear = built.clear
+    return get

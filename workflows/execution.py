@@ -23,7 +23,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.db import connection, transaction
-from django.db.models import Subquery
 
 from durable import TryLater, deferrals, release_connection
 from llm.chat import CallPutOff, ChatRequest, PutOff, ToolSpec, chat, clean_text
@@ -298,14 +297,12 @@ def llm_call(workspace_id: int, invocation_id: int, node_invocation_id: int, nod
     limit, a 429 or 5xx the retry policy retries) is put off on a durable timer (TryLater), shown on the
     node as throttled with the reason."""
     answer_seq = message_seq(node_seq, offset + len(new_messages))
-    status, recorded = WorkflowInvocation.objects.filter(pk=invocation_id).values_list(
-        "status", Subquery(Message.objects.filter(workflow_invocation_id=invocation_id, seq=answer_seq,
-                                                  role=Message.Role.ASSISTANT).values("payload")[:1])).first()
+    status, recorded = _status_and_answer(invocation_id, answer_seq)
     if recorded and "response" in recorded:
         return {"response": recorded["response"], "cache_hit": bool(recorded.get("cache_hit")),
                 "offset": offset + len(new_messages) + 1, "elapsed_ms": recorded.get("latency_ms", 0)}
-    if status in WorkflowInvocation.TERMINAL:
-        raise InvocationEnded(f"the invocation is {status}")
+    if status is None or status in WorkflowInvocation.TERMINAL:
+        raise InvocationEnded(f"the invocation is {status or 'deleted'}")
     chat_request = ChatRequest(
         model=request["model"], messages=request["messages"],
         tools=tuple(ToolSpec(**tool) for tool in request.get("tools", ())),
@@ -328,30 +325,56 @@ def llm_call(workspace_id: int, invocation_id: int, node_invocation_id: int, nod
         NodeInvocation.objects.filter(pk=node_invocation_id).update(throttled_until=None, throttle_reason="")
     rows = []
     for message in new_messages:
-        rows.append(_conversation_message(invocation_id, node_invocation_id, node_seq, offset, message))
+        rows.append(_conversation_message(node_seq, offset, message))
         offset += 1
     answer = response.as_dict()
-    rows.append(Message(
-        workflow_invocation_id=invocation_id, node_invocation_id=node_invocation_id,
-        seq=message_seq(node_seq, offset), role=Message.Role.ASSISTANT,
-        payload={"content": response.content, "tool_calls": answer.get("tool_calls", []),
-                 "model": response.usage.model, "usage": response.usage.as_dict(), "cache_hit": hit,
-                 "latency_ms": round(elapsed_ms, 2), "purpose": request.get("purpose", "answer"),
-                 "response": answer},
-    ))
-    Message.objects.bulk_create(rows, ignore_conflicts=True)
+    rows.append((message_seq(node_seq, offset), Message.Role.ASSISTANT, {
+        "content": response.content, "tool_calls": answer.get("tool_calls", []), "model": response.usage.model,
+        "usage": response.usage.as_dict(), "cache_hit": hit, "latency_ms": round(elapsed_ms, 2),
+        "purpose": request.get("purpose", "answer"), "response": answer}))
+    _conversation_insert(invocation_id, node_invocation_id, rows)
     if cache is not None:
         cache.flush()
     return {"response": answer, "cache_hit": hit, "offset": offset + 1, "elapsed_ms": round(elapsed_ms, 3)}
 
 
-def _conversation_message(invocation_id, node_invocation_id, node_seq, offset, message: dict) -> Message:
+def _conversation_message(node_seq, offset, message: dict) -> tuple[int, str, dict]:
     role = message["role"]
     payload = {"content": message.get("content", "")}
     if role == "tool":
         payload["tool_call_id"] = message.get("tool_call_id", "")
-    return Message(workflow_invocation_id=invocation_id, node_invocation_id=node_invocation_id,
-                   seq=message_seq(node_seq, offset), role=role, payload=payload)
+    return message_seq(node_seq, offset), role, payload
+
+
+# Raw SQL for the two statements of every model call (its step runs once a call): built through the ORM, their
+# query compilation and model instances cost more Python time than the statements themselves.
+_STATUS_AND_ANSWER_SQL = (
+    f"SELECT i.status, (SELECT m.payload FROM {Message._meta.db_table} m WHERE m.workflow_invocation_id = i.id "
+    f"AND m.seq = %s AND m.role = %s LIMIT 1) FROM {WorkflowInvocation._meta.db_table} i WHERE i.id = %s")
+
+
+def _status_and_answer(invocation_id: int, answer_seq: int) -> tuple[str | None, dict | None]:
+    """The invocation's status and the payload of the answer recorded at `answer_seq`, if any."""
+    with connection.cursor() as cursor:
+        cursor.execute(_STATUS_AND_ANSWER_SQL, [answer_seq, Message.Role.ASSISTANT, invocation_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None, None
+    status, payload = row
+    return status, (json.loads(payload) if isinstance(payload, str) else payload)
+
+
+def _conversation_insert(invocation_id: int, node_invocation_id: int, rows: list[tuple[int, str, dict]]) -> None:
+    """Messages (seq, role, payload) of a node's conversation, in one statement; a seq already written (by an
+    execution of the step that died before its checkpoint) keeps what it holds."""
+    values = ", ".join(["(%s, %s, %s, '', '', %s, %s, statement_timestamp())"] * len(rows))
+    params = [value for seq, role, payload in rows
+              for value in (invocation_id, node_invocation_id, seq, role, json.dumps(payload))]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {Message._meta.db_table} (workflow_invocation_id, node_invocation_id, seq, from_node_id, "
+            f"to_node_id, role, payload, created_at) VALUES {values} ON CONFLICT (workflow_invocation_id, seq) "
+            "DO NOTHING", params)
 
 
 def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, node_seq: int, offset: int,

@@ -21,6 +21,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBIL
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Celery's Django fixup closes the database connections before and after every task and, in a prefork worker
+# with Django's pool, the whole pool (celery/celery#10554): each task opened a new Postgres session. A reuse
+# count no worker reaches turns that off; config/celery.py gives a task's connection back to the process's
+# pool at the task's edges instead, as Django does at a request's.
+CELERY_DB_REUSE_MAX = 2**62
 # Priorities 0 (first) .. 9 on the Redis transport; durable runs map their priority onto them.
 CELERY_BROKER_TRANSPORT_OPTIONS["queue_order_strategy"] = "priority"
 CELERY_BROKER_TRANSPORT_OPTIONS["priority_steps"] = list(range(10))

@@ -8,6 +8,7 @@ import time
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from config.services import BASE_DIR, stop_process_groups
@@ -128,3 +129,14 @@ def test_a_queued_step_lost_with_its_worker_is_run_again(workers, tmp_path):
     step = StepCheckpoint.objects.get(run_id=run.id, seq=0)
     assert step.attempt == 2 and step.options["timeouts"] == 1
     assert evidence.read_text().split().count("start:x") == 2
+
+
+def test_a_worker_process_keeps_its_pooled_database_sessions_from_task_to_task(workers):
+    workers("one")  # one prefork process: every turn and step of the run is one of its tasks
+    run = run_start(workflow="tests.sessions", input={"steps": 8})
+    assert _wait_for(lambda: DurableRun.objects.get(pk=run.id).status in DurableRun.Status.TERMINAL)
+    run = DurableRun.objects.get(pk=run.id)
+    assert run.status == "completed", run.error
+    sessions = decode(run.output)
+    # 16 tasks (8 steps, 8 turns) on sessions of the process's pool, not a new session for each
+    assert len(set(sessions)) <= settings.DATABASE_POOL_MAX_SIZE, sessions

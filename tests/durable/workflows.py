@@ -310,3 +310,18 @@ def throttled(counter_path, times, after):
 def throttled_step(ctx, input):
     return ctx.step("call", throttled, input["counter"], input["times"], input["after"], queue="steps",
                     retries=input.get("retries", 0))
+
+
+def database_session():
+    """The Postgres session (backend pid) this step's query ran on."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+@workflow("tests.sessions")
+def sessions(ctx, input):
+    """One queued step after another (each its own task, each followed by a turn): the sessions they used."""
+    return [ctx.step(f"session-{index}", database_session, queue="steps") for index in range(input["steps"])]

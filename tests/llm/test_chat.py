@@ -141,6 +141,30 @@ def test_provider_limits_per_provider_and_per_model(settings):
     assert provider_config("openai").structured_outputs and not provider_config("offline").structured_outputs
 
 
+def test_threads_asking_at_once_share_one_client_of_a_provider(online_mode):
+    # the llm worker's threads all start on a cold process: one client (one connection pool to the
+    # provider) for them all, not one each
+    import threading
+
+    from llm.chat import get_chat_provider
+
+    chat_module._openai_provider.cache_clear()
+    resolved = resolve_model("openrouter#openai/gpt-4.1-mini")
+    start, got = threading.Barrier(16), []
+
+    def ask():
+        start.wait()
+        got.append(get_chat_provider(resolved))
+
+    threads = [threading.Thread(target=ask) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(got) == 16 and len({id(provider) for provider in got}) == 1
+    assert get_chat_provider(resolve_model("gpt-4.1-mini")) is not got[0]  # another provider, its own client
+
+
 # ---------------------------------------------------------------------------------------- shapes
 
 

@@ -73,3 +73,23 @@ def test_a_call_in_a_durable_step_is_put_off_by_a_limit_without_reaching_the_pro
         chat(ChatRequest(model=f"{name}#m", messages=[{"role": "user", "content": "hi"}]), put_off=PutOff("x"))
     assert caught.value.kind == "limit"
     assert caught.value.reason.startswith(f"rate limited by {name} (1 requests a minute): retry in ")
+
+
+def test_a_call_the_provider_refused_is_not_counted_as_a_start_and_keeps_the_window(provider, settings,
+                                                                                      openai_server):
+    # the provider counts its minute from when requests reach it, a little later than this side admitted
+    # them: it may refuse a call the window let through. That call did not start; asked again once the
+    # provider's Retry-After has passed, it goes, instead of waiting a whole window behind its own lost start
+    settings.LLM_PROVIDER = "openai"
+    name = provider(requests_per_minute=2, base_url=openai_server.url("/v1"))
+    openai_server.chat_replies = [(429, {"Content-Type": "application/json", "Retry-After": "0"},
+                                   '{"error": {"message": "Rate limit reached for requests"}}')]
+    assert limits.admit(name, "m", caller="other").admitted  # one of the minute's two starts
+    request = ChatRequest(model=f"{name}#m", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(CallPutOff) as caught:
+        chat(request, put_off=PutOff("call"))
+    assert caught.value.kind == "provider"  # the 429, retried after the provider's Retry-After (0 s)
+    answer, _ = chat(request, put_off=PutOff("call", retries_done=1))
+    assert answer.content == "ok" and len(openai_server.chat_payloads) == 2
+    # the window holds the two starts that happened: nothing more goes this minute
+    assert not limits.admit(name, "m", caller="third").admitted
