@@ -113,22 +113,22 @@ def one_per_process(build: Callable) -> Callable:
     client's pooled connections are never shared across a fork). For the provider clients."""
     built: dict[tuple, object] = {}
     lock = threading.Lock()
-    owner = [os.getpid()]
 
     @functools.wraps(build)
     def get(*args):
+        found = built.get(args)  # every model call asks: no lock once built
+        if found is not None:
+            return found
         with lock:
-            if owner[0] != os.getpid():
-                built.clear()
-                owner[0] = os.getpid()
             if args not in built:
                 built[args] = build(*args)
             return built[args]
 
-    def reset_after_fork():
+    def forget_after_fork():
         nonlocal lock
+        built.clear()
         lock = threading.Lock()  # a thread of the parent may have held it at the fork
 
-    os.register_at_fork(after_in_child=reset_after_fork)
+    os.register_at_fork(after_in_child=forget_after_fork)
     get.cache_clear = built.clear
     return get

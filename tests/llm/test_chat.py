@@ -165,6 +165,34 @@ def test_threads_asking_at_once_share_one_client_of_a_provider(online_mode):
     assert get_chat_provider(resolve_model("gpt-4.1-mini")) is not got[0]  # another provider, its own client
 
 
+def test_a_forked_child_builds_its_own_client_and_the_parent_keeps_its():
+    """A provider client's pooled connections are never shared across a fork (a prefork worker's children)."""
+    import os
+
+    from llm.providers import one_per_process
+
+    builds = []
+
+    @one_per_process
+    def client(name):
+        builds.append(os.getpid())
+        return object()
+
+    parent = client("p")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a client of its own, built once however often it asks
+        os.close(read)
+        mine = client("p")
+        os.write(write, b"1" if mine is not parent and client("p") is mine and len(builds) == 2 else b"0")
+        os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.waitpid(pid, 0)
+    assert answer == b"1"
+    assert client("p") is parent and builds == [os.getpid()]
+
+
 # ---------------------------------------------------------------------------------------- shapes
 
 
