@@ -15,7 +15,7 @@ class EvalSettings:
     max_items_per_set: int  # items a golden set may hold (item create and import refuse more)
     regex_timeout: float  # seconds one grader may spend matching user patterns on one answer (then a grading error)
     rewriter_model: str  # the model that rewrites prompts; "" is the rewritten node's own model
-    split_proportions: tuple[float, float, float]  # shares of a set's items in train, validation, test (splits.py)
+    split_proportions: tuple[float, float, float]  # train, validation, test shares (summing to 1: settings)
     min_split_items: int  # a set of fewer items cannot carry a held-out claim (selectors.split_plan)
 
 
@@ -29,11 +29,6 @@ def eval_settings() -> EvalSettings:
         max_items_per_set=int(getattr(settings, "EVAL_MAX_ITEMS_PER_SET", 5000)),
         regex_timeout=float(getattr(settings, "EVAL_REGEX_TIMEOUT_SECONDS", 2.0)),
         rewriter_model=getattr(settings, "EVAL_REWRITER_MODEL", "") or "",
-        split_proportions=_shares(getattr(settings, "EVAL_SPLIT_PROPORTIONS", (0.5, 0.25, 0.25))),
+        split_proportions=tuple(getattr(settings, "EVAL_SPLIT_PROPORTIONS", (0.5, 0.25, 0.25))),
         min_split_items=int(getattr(settings, "EVAL_MIN_SPLIT_ITEMS", 12)),
     )
-
-
-def _shares(values) -> tuple[float, float, float]:
-    total = sum(float(value) for value in values)
-    return tuple(float(value) / total for value in values)
