@@ -1,5 +1,39 @@
 import pytest
 
+from tests.llm.conftest import FakeOpenAIChat
+
+
+@pytest.fixture
+def judge_server(settings, monkeypatch):
+    """The judge's model answered by a local OpenAI-compatible server; chat() does not retry (a test that
+    wants retries sets LLM_MAX_RETRIES)."""
+    from llm import retry
+
+    with FakeOpenAIChat(dimensions=8) as server:
+        settings.LLM_PROVIDER = "openai"
+        settings.OPENAI_API_KEY = "sk-test"
+        settings.OPENAI_BASE_URL = server.url("/v1")
+        settings.LLM_MAX_RETRIES = 0
+        settings.EVAL_JUDGE_MODEL = "gpt-4.1-mini"
+        monkeypatch.setattr(retry, "_sleep", lambda seconds: None)
+        yield server
+
+
+@pytest.fixture
+def judged_set(workspace, make_version):
+    """A golden set graded by the LLM judge alone, of `questions`, and a version answering them offline (so
+    only the judge's calls reach judge_server)."""
+    from evals.services import golden_item_add, golden_set_create
+    from tests.workflows.conftest import graph, node
+
+    def make(name: str, questions=("Why did the deploy fail?",)):
+        golden = golden_set_create(workspace=workspace, name=name, graders=[{"kind": "llm_judge"}])
+        for question in questions:
+            golden_item_add(golden_set=golden, input={"text": question}, expected_output="The migration timed out.")
+        return golden, make_version(graph("a", node("a", model="offline-directive-v1", prompt="Answer.")))
+
+    return make
+
 
 @pytest.fixture
 def facts(workspace):

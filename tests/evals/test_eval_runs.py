@@ -281,20 +281,14 @@ def test_a_failed_eval_run_retried_to_its_end_is_completed_with_its_aggregates(s
     assert run.avg_score is not None and run.fitness is not None and run.ended_at
 
 
-def test_an_item_graded_again_after_a_crash_does_not_pay_its_judge_again(workspace, make_version, settings,
-                                                                         monkeypatch):
+def test_an_item_graded_again_after_a_crash_does_not_pay_its_judge_again(judge_server, judged_set, monkeypatch):
     import json
 
     from durable.inprocess import run_until_settled
     from durable.services import run_retry
     from evals import execution
-    from tests.llm.conftest import FakeOpenAIChat
-    from tests.workflows.conftest import graph, node
 
-    golden = golden_set_create(workspace=workspace, name="judged", graders=[{"kind": "llm_judge"}])
-    golden_item_add(golden_set=golden, input={"text": "Why did the deploy fail?"},
-                    expected_output="The database migration timed out.")
-    version = make_version(graph("a", node("a", model="offline-directive-v1", prompt="Answer.")))
+    golden, version = judged_set("judged")
     progress, crashed = execution._progress, []
 
     def dies_once_graded(eval_run_id):  # the worker dies after the judge answered, before the result is kept
@@ -304,18 +298,15 @@ def test_an_item_graded_again_after_a_crash_does_not_pay_its_judge_again(workspa
         progress(eval_run_id)
 
     monkeypatch.setattr(execution, "_progress", dies_once_graded)
-    with FakeOpenAIChat(dimensions=8) as judge:  # only the judge's calls reach it: the workflow runs offline
-        judge.chat_replies = [{"content": json.dumps({"score": 0.8, "rationale": "Names the migration."}),
-                               "usage": {"prompt_tokens": 300, "completion_tokens": 40}}] * 2
-        settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
-        settings.OPENAI_BASE_URL, settings.LLM_MAX_RETRIES = judge.url("/v1"), 0
-        settings.EVAL_JUDGE_MODEL = "gpt-4.1-mini"
-        run = eval_run_start(golden_set=golden, version=version)
-        run_until_settled(run.durable_run_id, max_wait=60)
-        run.refresh_from_db()
-        assert run.status == "failed" and "the worker died" in run.error and crashed
-        assert run_retry(run_id=run.durable_run_id)
-        run_until_settled(run.durable_run_id, max_wait=60)
+    judge = judge_server
+    judge.chat_replies = [{"content": json.dumps({"score": 0.8, "rationale": "Names the migration."}),
+                           "usage": {"prompt_tokens": 300, "completion_tokens": 40}}] * 2
+    run = eval_run_start(golden_set=golden, version=version)
+    run_until_settled(run.durable_run_id, max_wait=60)
+    run.refresh_from_db()
+    assert run.status == "failed" and "the worker died" in run.error and crashed
+    assert run_retry(run_id=run.durable_run_id)
+    run_until_settled(run.durable_run_id, max_wait=60)
     run.refresh_from_db()
     assert run.status == "completed", run.error
     result = GoldenResult.objects.get(eval_run=run)
@@ -360,27 +351,20 @@ def test_a_lane_refuses_an_eval_run_it_was_not_started_for(support_set, support_
     assert not GoldenResult.objects.filter(eval_run=run).exists()
 
 
-def test_the_judge_is_asked_on_the_llm_queue_and_a_429_waits_on_a_timer(workspace, make_version, settings):
+def test_the_judge_is_asked_on_the_llm_queue_and_a_429_waits_on_a_timer(judge_server, judged_set, settings):
     import json
 
     from durable.inprocess import run_until_settled
     from durable.models import StepCheckpoint
-    from tests.llm.conftest import FakeOpenAIChat
-    from tests.workflows.conftest import graph, node
 
-    golden = golden_set_create(workspace=workspace, name="judged later", graders=[{"kind": "llm_judge"}])
-    golden_item_add(golden_set=golden, input={"text": "Why did the deploy fail?"},
-                    expected_output="The database migration timed out.")
-    version = make_version(graph("a", node("a", model="offline-directive-v1", prompt="Answer.")))
-    with FakeOpenAIChat(dimensions=8) as judge:  # only the judge's calls reach it: the workflow runs offline
-        judge.chat_replies = [
-            (429, {"Content-Type": "application/json", "Retry-After": "1"}, json.dumps({"error": {"message": "slow"}})),
-            {"content": json.dumps({"score": 0.8, "rationale": "Names the migration."})}]
-        settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
-        settings.OPENAI_BASE_URL, settings.LLM_MAX_RETRIES = judge.url("/v1"), 2
-        settings.EVAL_JUDGE_MODEL = "gpt-4.1-mini"
-        run = eval_run_start(golden_set=golden, version=version)
-        run_until_settled(run.durable_run_id, max_wait=60)
+    golden, version = judged_set("judged later")
+    judge = judge_server
+    judge.chat_replies = [
+        (429, {"Content-Type": "application/json", "Retry-After": "1"}, json.dumps({"error": {"message": "slow"}})),
+        {"content": json.dumps({"score": 0.8, "rationale": "Names the migration."})}]
+    settings.LLM_MAX_RETRIES = 2
+    run = eval_run_start(golden_set=golden, version=version)
+    run_until_settled(run.durable_run_id, max_wait=60)
     run.refresh_from_db()
     assert run.status == "completed", run.error
     assert GoldenResult.objects.get(eval_run=run).score == 0.8 and len(judge.chat_payloads) == 2
@@ -429,27 +413,19 @@ def test_a_lane_that_fails_lets_the_other_lanes_finish_and_a_retry_scores_every_
     assert WorkflowInvocation.objects.filter(workflow_version=support_versions[0]).count() == 6
 
 
-def test_a_judge_put_off_for_too_long_is_a_grading_error_not_a_failed_eval_run(workspace, make_version, settings):
+def test_a_judge_put_off_for_too_long_is_a_grading_error_not_a_failed_eval_run(judge_server, judged_set, settings):
     import json
 
     from durable.inprocess import run_until_settled
-    from tests.llm.conftest import FakeOpenAIChat
-    from tests.workflows.conftest import graph, node
 
-    golden = golden_set_create(workspace=workspace, name="judge rate limited", graders=[{"kind": "llm_judge"}])
-    for question in ("Why did the deploy fail?", "Who rolled it back?"):
-        golden_item_add(golden_set=golden, input={"text": question}, expected_output="The migration timed out.")
-    version = make_version(graph("a", node("a", model="offline-directive-v1", prompt="Answer.")))
+    golden, version = judged_set("judge rate limited", ("Why did the deploy fail?", "Who rolled it back?"))
     limited = (429, {"Content-Type": "application/json", "Retry-After": "30"},
                json.dumps({"error": {"message": "slow"}}))
-    with FakeOpenAIChat(dimensions=8) as judge:
-        judge.chat_replies = [limited] * 4
-        settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
-        settings.OPENAI_BASE_URL, settings.LLM_MAX_RETRIES = judge.url("/v1"), 2
-        settings.EVAL_JUDGE_MODEL = "gpt-4.1-mini"
-        settings.DURABLE_STEP_MAX_DEFER_SECONDS = 5  # waiting 30 s more would pass it: the judge's step gives up
-        run = eval_run_start(golden_set=golden, version=version)
-        run_until_settled(run.durable_run_id, max_wait=30)
+    judge_server.chat_replies = [limited] * 4
+    settings.LLM_MAX_RETRIES = 2
+    settings.DURABLE_STEP_MAX_DEFER_SECONDS = 5  # waiting 30 s more would pass it: the judge's step gives up
+    run = eval_run_start(golden_set=golden, version=version)
+    run_until_settled(run.durable_run_id, max_wait=30)
     run.refresh_from_db()
     assert run.status == "completed", run.error
     results = GoldenResult.objects.filter(eval_run=run)

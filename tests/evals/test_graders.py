@@ -20,9 +20,7 @@ from evals.graders import (
     graders_hash,
     validate_graders,
 )
-from llm import retry
 from tests.guards import finishes_within
-from tests.llm.conftest import FakeOpenAIChat
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 FULLWIDTH_PARIS = "\uff30\uff41\uff52\uff49\uff53"  # NFKC: "Paris"
@@ -41,19 +39,6 @@ def offline(settings):
     settings.LLM_PROVIDER = "offline"
     settings.OPENAI_API_KEY = ""
     return settings
-
-
-@pytest.fixture
-def judge_server(settings, monkeypatch):
-    """The judge's model answered by a local OpenAI-compatible server; chat() does not retry."""
-    with FakeOpenAIChat(dimensions=8) as server:
-        settings.LLM_PROVIDER = "openai"
-        settings.OPENAI_API_KEY = "sk-test"
-        settings.OPENAI_BASE_URL = server.url("/v1")
-        settings.LLM_MAX_RETRIES = 0
-        settings.EVAL_JUDGE_MODEL = "gpt-4.1-mini"
-        monkeypatch.setattr(retry, "_sleep", lambda seconds: None)
-        yield server
 
 
 def reply(score_value, rationale="Correct and complete.", **extra):
