@@ -64,8 +64,7 @@ def test_a_worker_killed_mid_eval_run_resumes_without_redoing_finished_items(mak
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
 def test_an_eval_runs_items_do_not_wait_for_the_slowest_item_of_a_batch(make_version, workspace, settings):
-    from config.services import stop_process_groups
-    from tests.workflows.workers import drive_until_ended, split_workers
+    from tests.workflows.workers import drive_until_ended, split_workers_running
 
     golden = golden_set_create(workspace=workspace, name="uneven set", graders=[{"kind": "contains"}])
     for number in range(1, 7):
@@ -83,11 +82,8 @@ def test_an_eval_runs_items_do_not_wait_for_the_slowest_item_of_a_batch(make_ver
         settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
         settings.OPENAI_BASE_URL = server.url("/v1")
         run = eval_run_start(golden_set=golden, version=version, concurrency=2)
-        workers = split_workers("uneven", server.url("/v1"), in_flight=8)
-        try:
+        with split_workers_running("uneven", server.url("/v1"), in_flight=8):
             drive_until_ended([run], timeout=120)
-        finally:
-            stop_process_groups(workers, timeout=20)
         assert run.status == "completed", run.error
         started = {payload["messages"][-1]["content"]: start for start, _end, payload in server.calls}
         ended = {payload["messages"][-1]["content"]: end for _start, end, payload in server.calls}

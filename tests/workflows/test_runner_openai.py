@@ -20,7 +20,13 @@ from durable.models import StepCheckpoint
 from llm.prices import cost_usd
 from tests.llm.conftest import FakeOpenAIChat, peak_overlap
 from tests.workflows.conftest import graph, node
-from tests.workflows.workers import drive_until_ended, kill_mid_call_and_finish, split_workers, worker
+from tests.workflows.workers import (
+    drive_until_ended,
+    kill_mid_call_and_finish,
+    split_workers,
+    split_workers_running,
+    worker,
+)
 from workflows.models import Message, NodeInvocation
 from workflows.services import invocation_start
 
@@ -253,11 +259,8 @@ def test_model_calls_of_many_invocations_are_in_flight_at_once(make_version):
     with FakeOpenAIChat(latency=3.0) as server:
         version = make_version(_sequential("Only node."))
         invocations = [invocation_start(version=version, input={"text": f"task {i}"}) for i in range(24)]
-        workers = split_workers("speed", server.url("/v1"), in_flight=32)
-        try:
+        with split_workers_running("speed", server.url("/v1"), in_flight=32):
             drive_until_ended(invocations, timeout=120)
-        finally:
-            stop_process_groups(workers, timeout=20)
         assert {invocation.status for invocation in invocations} == {"completed"}
         assert len(server.calls) == 24
         assert server.peak_in_flight >= 12
@@ -273,11 +276,8 @@ def test_a_fans_parallel_branches_call_the_model_at_the_same_time(make_version):
         node("join", prompt="Join.", wait_for=branches, handoffs=["end"])))
     with FakeOpenAIChat(latency=3.0) as server:
         invocation = invocation_start(version=version, input={"text": "fan out"})
-        workers = split_workers("fan", server.url("/v1"), in_flight=16)
-        try:
+        with split_workers_running("fan", server.url("/v1"), in_flight=16):
             drive_until_ended([invocation], timeout=120)
-        finally:
-            stop_process_groups(workers, timeout=20)
         assert invocation.status == "completed", invocation.error
         branch_calls = [(start, end) for start, end, body in server.calls
                         if body["messages"][0]["content"].startswith("Branch ")]

@@ -4,6 +4,7 @@ by the server, a second worker finishing the work)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -51,6 +52,16 @@ def split_workers(name: str, base_url: str, *, in_flight: int = 32, **env: str) 
     return [worker(f"{name}-turns", base_url, queues="turns,steps", **env),
             worker(f"{name}-llm", base_url, queues="llm", pool="threads", concurrency=in_flight,
                    LLM_MAX_IN_FLIGHT=str(in_flight), **env)]
+
+
+@contextlib.contextmanager
+def split_workers_running(name: str, base_url: str, *, in_flight: int = 32, **env: str):
+    """split_workers for the `with` block, both stopped at its end whatever happened in it."""
+    workers = split_workers(name, base_url, in_flight=in_flight, **env)
+    try:
+        yield workers
+    finally:
+        stop_process_groups(workers, timeout=20)
 
 
 def drive_until_ended(rows, *, timeout: float = 120) -> None:
