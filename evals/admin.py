@@ -385,7 +385,9 @@ class GoldenSetAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
             if item.position is None:
                 last += 1
                 item.position = last
-        golden_items_deal_splits(golden_set=form.instance, items=[item for item in items if item._state.adding])
+        new = [item for item in items if item._state.adding]
+        if new:  # dealing reads the set's items under its row lock: not for a save that only edits
+            golden_items_deal_splits(golden_set=form.instance, items=new)
         for item in items:
             item.save()
         formset.save_m2m()
