@@ -64,6 +64,15 @@ def test_operator_compares_two_versions_and_promotes_the_better_one(live_server,
     page.screenshot(path=str(tmp_path / "golden-set.png"), full_page=True)
     assert_fits_the_screen(page)
 
+    # its items by split: the section's link, then the list's split filter
+    page.get_by_role("link", name="the items by split").click()
+    page.get_by_role("link", name="Test", exact=True).click()
+    page.wait_for_url("**split__exact=test**")
+    assert page.locator("#result_list tbody tr").count() == scene["set"].items.filter(split="test").count() > 0
+    assert set(page.locator("#result_list tbody td.field-split").all_inner_texts()) == {"Test"}
+    page.screenshot(path=str(tmp_path / "golden-items.png"), full_page=True)
+    assert_fits_the_screen(page)
+
     # the eval run page: a histogram of ten bars and a row per item
     page.goto(live_server.url + reverse("admin:evals_evalrun_change", args=[scene["better_run"].pk]))
     histogram = page.locator("#ev-histogram svg.ev-histogram")
