@@ -1,7 +1,9 @@
 """providers: the platform against a slow provider, and the ceiling it is measured against.
 
 A local OpenAI-compatible server answers every chat call after `--latency` seconds (1.0); every model
-call of the platform goes to it through the real `openai` client. The platform runs as `make run` runs
+call of the platform goes to it through the real `openai` client. It speaks HTTP/1.1 with keep-alive, as
+providers do, so the platform's clients and the ceiling's reuse their connections instead of opening one
+a call. The platform runs as `make run` runs
 it: a prefork worker (2 processes: turns, steps, the tick's queue) and the llm worker (one process, a
 threads pool of LLM_MAX_IN_FLIGHT = `--in-flight`, 64), in a dedicated database (bench_providers,
 dropped afterwards) with Celery on Redis database 13 (emptied afterwards); this process ticks the engine
@@ -11,7 +13,8 @@ Scenarios (node models are bare names, so they go to the server; distinct inputs
   seq3        `--invocations` (200) invocations of a 3-node sequential workflow;
   fan         `--fans` (20) invocations of a 1 -> 16 -> 1 fan (16 parallel branches, then a join);
   eval        one eval run of `--eval-items` (100) items of a 3-node agent (token F1 grader, no judge),
-              at the default EVAL_CONCURRENCY (its items run in batches of that size);
+              at the default EVAL_CONCURRENCY (64: its items are dealt to that many lanes, child runs
+              taking their items one after the other; an EVAL_CONCURRENCY in the environment is ignored);
   evolution   one generation of a GP evolution (population 8, `--evolution-items` (10) items);
   rate-limit  the seq3 workflow against a server that allows `--rpm` requests a minute and answers 429
               with Retry-After past it; the platform is told the same limit (LLM_PROVIDERS
@@ -20,7 +23,8 @@ Scenarios (node models are bare names, so they go to the server; distinct inputs
 Reported for each: wall time (start to the last end), calls answered, peak calls in flight (at the
 server), calls/s, engine time per call (per invocation: span / calls on its critical path - the
 latency; median and p95), peak Postgres connections of the benchmark database, peak RSS of the worker
-processes, and, in the same run, the ceiling: the same calls, with the same dependencies, made by
+processes, the workers' CPU time per call (each worker's main process and its pool processes apart), and,
+in the same run, the ceiling: the same calls, with the same dependencies, made by
 `openai.AsyncOpenAI` under an asyncio semaphore of `--in-flight` with no persistence. Targets: every
 scenario >= 0.8x the ceiling's calls/s; the rate-limited variant loses no call and starts >= 0.9 of what
 the window allows over its span (N starts per minute begun, counted at the server).
@@ -74,6 +78,8 @@ class SlowProvider:
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive: every answer carries its Content-Length
+
             def log_message(self, *args):
                 pass
 
@@ -252,15 +258,21 @@ class Platform:
         return total / 1024 / 1024
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU time (user + system) each worker's processes have used so far."""
+        """CPU time (user + system) each worker's processes have used so far: in all, and apart for its main
+        process (a prefork worker's consumer, which reads, hands out and acknowledges every message) and,
+        when it has any, its pool processes (which run the tasks)."""
         import psutil
 
         used = {}
         for name, process in zip(self.commands, self.processes, strict=True):
             with contextlib.suppress(psutil.Error):
                 parent = psutil.Process(process.pid)
-                times = [p.cpu_times() for p in [parent, *parent.children(recursive=True)]]
-                used[name] = sum(t.user + t.system for t in times)
+                main = sum(parent.cpu_times()[:2])
+                pool = sum(sum(child.cpu_times()[:2]) for child in parent.children(recursive=True))
+                used[name] = main + pool
+                used[f"{name} main"] = main
+                if pool:
+                    used[f"{name} pool"] = pool
         return used
 
     def errors(self) -> list[str]:
@@ -420,7 +432,7 @@ def measure(name: str, start, *, levels: int, server: SlowProvider, platform: Pl
         "starts": server.starts,
     }
     common.say(f"{name}: {server.answered} calls in {wall:.1f}s, {result['calls_per_s']} calls/s, peak "
-               f"{server.peak} in flight")
+               f"{server.peak} in flight; CPU ms a call: {result['worker_cpu_ms_per_call']}")
     return result
 
 
@@ -436,7 +448,9 @@ def scenario_starts(args) -> dict:
         from evals.services import eval_run_start
 
         version = sequential_version("eval agent")
-        return [eval_run_start(golden_set=golden_set(args.eval_items, "eval", version.workflow), version=version)]
+        run = eval_run_start(golden_set=golden_set(args.eval_items, "eval", version.workflow), version=version)
+        common.say(f"eval: {run.config['concurrency']} lanes at most (EVAL_CONCURRENCY's default)")
+        return [run]
 
     def evolution():
         from evolution.services import evolution_start
@@ -584,6 +598,7 @@ def main() -> int:
     args = parse()
     redis_url = redis_url_for_bench(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     os.environ["REDIS_URL"] = redis_url
+    os.environ.pop("EVAL_CONCURRENCY", None)  # the eval scenario runs at the default, here and in the workers
     # this process starts the invocations: it resolves their models as the workers do
     os.environ.update(LLM_PROVIDER="openai", OPENAI_API_KEY="sk-bench", OPENAI_BASE_URL="http://127.0.0.1:9/v1")
     common.say(f"creating database {BENCH_DB}; Celery on Redis database {REDIS_DB_INDEX}")
@@ -595,11 +610,14 @@ def main() -> int:
         common.setup_django(BENCH_DB)
         from django.db import connection
 
+        from evals.conf import eval_settings
+
         connection.ensure_connection()
         results = {"benchmark": NAME, "machine": common.machine_info(connection.connection),
                    "parameters": {"latency_s": args.latency, "in_flight": args.in_flight, "quick": args.quick,
                                   "invocations": args.invocations, "fans": args.fans, "fan_width": 16,
-                                  "eval_items": args.eval_items, "evolution_items": args.evolution_items,
+                                  "eval_items": args.eval_items, "eval_concurrency": eval_settings().concurrency,
+                                  "evolution_items": args.evolution_items,
                                   "evolution_population": 8, "rpm": args.rpm,
                                   "rate_invocations": args.rate_invocations, "model": MODEL,
                                   "workers": "prefork -c 2 (celery,turns,steps,ingest) + llm threads -c in_flight"}}
