@@ -22,7 +22,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 
 from durable import TryLater, deferrals, release_connection
 from llm.chat import CallPutOff, ChatRequest, PutOff, ToolSpec, chat, clean_text
@@ -146,18 +146,25 @@ def node_start(invocation_id: int, workspace_id: int, seq: int, node: dict, node
     every replay of the node sees the same prompt and tools."""
     tools = node_tools(workspace_id=workspace_id, code_tools=node["codeTools"], mcp_tools=node["mcpTools"])
     system, skills = _system_prompt(workspace_id, node, task)
-    with _atomic():  # the runner calls it in a ctx.transaction: it commits with its checkpoint, once
-        row = NodeInvocation.objects.create(
-            workflow_invocation_id=invocation_id, seq=seq, node_id=node["nodeId"], node_version_id=node_version_id,
-            started_at=now(), input="\n\n".join(message["text"] for message in inbox))
-        Message.objects.bulk_create([
-            Message(workflow_invocation_id=invocation_id, node_invocation=row, seq=message_seq(seq, offset),
-                    from_node_id=message.get("from", ""), to_node_id=node["nodeId"], role=message["role"],
-                    payload={"text": message["text"]})
-            for offset, message in enumerate(inbox)
-        ], ignore_conflicts=True)
-    return {"id": row.pk, "system": system, "tools": tools, "skills": skills,
-            "started_at": row.started_at.isoformat()}
+    started_at = now()
+    with _atomic(), connection.cursor() as cursor:  # in the runner's ctx.transaction: commits with its checkpoint
+        cursor.execute(_NODE_INSERT_SQL, [invocation_id, seq, node["nodeId"], node_version_id,
+                                          "\n\n".join(message["text"] for message in inbox), started_at])
+        (node_pk,) = cursor.fetchone()
+        _messages_insert(cursor, invocation_id, node_pk, [
+            (message_seq(seq, offset), message["role"], {"text": message["text"]}, message.get("from", ""),
+             node["nodeId"]) for offset, message in enumerate(inbox)])
+    return {"id": node_pk, "system": system, "tools": tools, "skills": skills, "started_at": started_at.isoformat()}
+
+
+# Raw SQL for a node's start and end (each once a node, two or three times a model call in a sequence of nodes):
+# through the ORM, the model instances and query compilation cost the turn worker more than the statements.
+_NODE_INSERT_SQL = (
+    f"INSERT INTO {NodeInvocation._meta.db_table} (workflow_invocation_id, seq, node_id, node_version_id, attempt, "
+    "status, input, output, summary, large_summary, next_nodes, usd_cost, input_tokens, output_tokens, llm_calls, "
+    "cache_hits, tool_calls, model, error, approval, throttled_until, throttle_reason, started_at, ended_at) "
+    f"VALUES (%s, %s, %s, %s, 1, '{NodeInvocation.Status.RUNNING}', %s, '', '', '', '[]', 0, 0, 0, 0, 0, 0, '', '', "
+    "NULL, NULL, '', %s, NULL) RETURNING id")
 
 
 def _atomic():
@@ -199,18 +206,20 @@ def node_finish(invocation_id: int, seq: int, fields: dict, node_pk: int | None 
     values = dict(fields)
     handoffs = values.pop("handoffs", None) or []
     values.update(ended_at=now(), throttled_until=None, throttle_reason="")
-    for key in ("usd_cost",):
-        if key in values:
-            values[key] = Decimal(str(values[key]))
-    with _atomic():  # the runner calls it in a ctx.transaction: it commits with its checkpoint, once
-        NodeInvocation.objects.filter(workflow_invocation_id=invocation_id, seq=seq).update(**values)
+    if "usd_cost" in values:
+        values["usd_cost"] = Decimal(str(values["usd_cost"]))
+    columns = [NodeInvocation._meta.get_field(name) for name in values]  # a name that is no field raises here
+    assignments = ", ".join(f"{field.column} = %s::jsonb" if isinstance(field, models.JSONField)
+                            else f"{field.column} = %s" for field in columns)
+    params = [json.dumps(value) if isinstance(field, models.JSONField) else value
+              for field, value in zip(columns, values.values(), strict=True)]
+    with _atomic(), connection.cursor() as cursor:  # in the runner's ctx.transaction: commits with its checkpoint
+        cursor.execute(f"UPDATE {NodeInvocation._meta.db_table} SET {assignments} "
+                       "WHERE workflow_invocation_id = %s AND seq = %s", [*params, invocation_id, seq])
         if handoffs:
-            Message.objects.bulk_create([
-                Message(workflow_invocation_id=invocation_id, node_invocation_id=node_pk,
-                        seq=message_seq(seq, MESSAGES_PER_NODE - 1 - offset), from_node_id=handoff["from"],
-                        to_node_id=handoff["to"], role=handoff["role"], payload={"text": handoff["text"][:2000]})
-                for offset, handoff in enumerate(handoffs)
-            ], ignore_conflicts=True)
+            _messages_insert(cursor, invocation_id, node_pk, [
+                (message_seq(seq, MESSAGES_PER_NODE - 1 - offset), handoff["role"], {"text": handoff["text"][:2000]},
+                 handoff["from"], handoff["to"]) for offset, handoff in enumerate(handoffs)])
         _update_totals(invocation_id)
 
 
@@ -367,14 +376,24 @@ def _status_and_answer(invocation_id: int, answer_seq: int) -> tuple[str | None,
 def _conversation_insert(invocation_id: int, node_invocation_id: int, rows: list[tuple[int, str, dict]]) -> None:
     """Messages (seq, role, payload) of a node's conversation, in one statement; a seq already written (by an
     execution of the step that died before its checkpoint) keeps what it holds."""
-    values = ", ".join(["(%s, %s, %s, '', '', %s, %s, statement_timestamp())"] * len(rows))
-    params = [value for seq, role, payload in rows
-              for value in (invocation_id, node_invocation_id, seq, role, json.dumps(payload))]
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {Message._meta.db_table} (workflow_invocation_id, node_invocation_id, seq, from_node_id, "
-            f"to_node_id, role, payload, created_at) VALUES {values} ON CONFLICT (workflow_invocation_id, seq) "
-            "DO NOTHING", params)
+        _messages_insert(cursor, invocation_id, node_invocation_id, [(seq, role, payload, "", "")
+                                                                     for seq, role, payload in rows])
+
+
+def _messages_insert(cursor, invocation_id: int, node_invocation_id: int | None,
+                     rows: list[tuple[int, str, dict, str, str]]) -> None:
+    """Messages (seq, role, payload, from node, to node) in one statement; a seq already written keeps what it
+    holds."""
+    if not rows:
+        return
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s::jsonb, statement_timestamp())"] * len(rows))
+    params = [value for seq, role, payload, source, target in rows
+              for value in (invocation_id, node_invocation_id, seq, source, target, role, json.dumps(payload))]
+    cursor.execute(
+        f"INSERT INTO {Message._meta.db_table} (workflow_invocation_id, node_invocation_id, seq, from_node_id, "
+        f"to_node_id, role, payload, created_at) VALUES {values} ON CONFLICT (workflow_invocation_id, seq) "
+        "DO NOTHING", params)
 
 
 def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, node_seq: int, offset: int,
