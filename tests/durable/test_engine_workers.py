@@ -107,6 +107,32 @@ def test_a_run_survives_a_worker_killed_mid_run(workers, tmp_path):
     assert decode(run.output)["pid"] != first.process.pid
 
 
+def test_runs_whose_turns_a_killed_worker_had_reserved_are_finished_by_the_next(workers, tmp_path, settings,
+                                                                               monkeypatch):
+    """A worker holds the turn it runs and a message it reserved beyond it: killed, both are lost with it (the
+    broker keeps no copy); the tick sends the turns again from the runs' rows and the next worker ends every run,
+    each step of those that had not started run once."""
+    settings.DURABLE_REDISPATCH_AFTER_SECONDS = 2
+    monkeypatch.setenv("CELERY_WORKER_PREFETCH_MULTIPLIER", "2")  # its one process reserves a second turn
+    first = workers("first")
+    runs = [run_start(workflow="tests.durable_file", input={"steps": 6, "path": str(tmp_path / f"run{index}.log"),
+                                                            "pause": 0.3}) for index in range(3)]
+
+    def started(run):
+        return StepCheckpoint.objects.filter(run_id=run.id, status="completed").exists()
+
+    assert _wait_for(lambda: any(started(run) for run in runs), tick_every=0.1), "the first worker never started"
+    first.kill()
+    waiting = [index for index, run in enumerate(runs) if not started(run)]
+    assert len(waiting) == 2  # one turn was running; of the others, one was reserved by the worker
+    workers("second")
+    assert _wait_for(lambda: all(DurableRun.objects.get(pk=run.id).status == "completed" for run in runs)), \
+        [DurableRun.objects.get(pk=run.id).status for run in runs]
+    for index in waiting:
+        done = [entry for entry in (tmp_path / f"run{index}.log").read_text().split() if not entry.startswith("start")]
+        assert done == [str(seq) for seq in range(6)]
+
+
 def test_queued_steps_and_fans_run_on_workers(workers):
     workers("one")
     workers("two")
