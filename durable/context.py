@@ -7,6 +7,14 @@ lease). A call that must wait raises ``Suspend``, which ends the turn.
 A ``ctx`` call refuses to run inside the workflow's own ``transaction.atomic()`` (a wait there
 would roll back its own checkpoint and loop) and after the turn stopped (a ``finally`` or an
 ``except BaseException`` around a wait): both fail the run with a clear error instead.
+
+The turn's open transaction. Consecutive ``ctx.transaction`` calls and queued-step starts, and the
+turn's end (its release, or the run's end), commit together: one commit where each took its own (a
+workflow's node end, the next node's start and its model call, then the suspension). Any other ``ctx``
+call commits what is open first, so work outside the database (an inline step, a side effect) never
+runs with uncommitted checkpoints before it, and no wait, child or fan takes locks inside it. A turn
+that dies before that commit leaves none of it: the next turn replays to the first of them and does
+them again, once (their writes and checkpoints were one transaction, as each was on its own).
 """
 
 from __future__ import annotations
@@ -139,7 +147,7 @@ def ctx_call(method):
                 f"ctx.{method.__name__}() was called after the turn stopped at "
                 f"{type(self._stopped).__name__}: a `finally` or `except BaseException` around a ctx call must not "
                 "call ctx again (suspension is an exception that ends the turn)"))
-        if len(connection.atomic_blocks) > self._atomic_depth:
+        if len(connection.atomic_blocks) > self._atomic_depth + (self._open is not None):
             raise self._misused(WorkflowMisuse(
                 f"ctx.{method.__name__}() was called inside the workflow's own transaction.atomic(): a wait there "
                 "would roll back its own checkpoint. Use ctx.transaction(name, fn) for database writes that must "
@@ -147,6 +155,8 @@ def ctx_call(method):
         if lease_keeper.lost(self.token):
             raise self._stop(LeaseLost(f"the lease on run {self.run_id} was lost"))
         try:
+            if method.__name__ not in _JOIN_OPEN:
+                self.commit_open()
             return method(self, *args, **kwargs)
         except _ControlFlow as exc:
             raise self._stop(exc) from None
@@ -155,11 +165,18 @@ def ctx_call(method):
                 raise
             if isinstance(exc, DataError | psycopg.DataError) or _sqlstate(exc).startswith("22"):
                 # a value Postgres cannot store (a NUL character, a number out of range): the workflow's
-                # own input, so an error it can handle, not an outage to retry
+                # own input, so an error it can handle, not an outage to retry. The turn's open transaction
+                # cannot go on after it: rolled back, what it held is done again by the next turn's replay
+                self.abort_open()
                 raise ValueError(f"ctx.{method.__name__}(): the database refused a value: {exc}") from exc
             raise self._stop(EngineWriteFailed(exc)) from exc
 
     return call
+
+
+# the ctx calls whose writes may join the turn's open transaction (``Context.step`` commits it before an
+# inline step runs)
+_JOIN_OPEN = frozenset({"transaction", "step"})
 
 
 def _sqlstate(exc: BaseException) -> str:
@@ -168,6 +185,10 @@ def _sqlstate(exc: BaseException) -> str:
         if state:
             return state
     return ""
+
+
+class _Aborted(Exception):
+    """Handed to the open transaction's exit to roll it back."""
 
 
 class _Checkpoint:
@@ -203,6 +224,7 @@ class Context:
         self._seq = 0
         self._cursor = cursor
         self._atomic_depth = len(connection.atomic_blocks)
+        self._open: transaction.Atomic | None = None  # the turn's open transaction (module docstring)
         self._stopped: BaseException | None = None
         self._misuse: WorkflowMisuse | None = None
         self._wrote_open = False
@@ -221,6 +243,27 @@ class Context:
         """Whether this history may hold open checkpoints or children (the run's end must close them)."""
         return self._wrote_open or any(cp.status in StepStatus.OPEN or cp.kind == "child"
                                        for cp in self._checkpoints.values())
+
+    def join_open(self) -> bool:
+        """Join the turn's open transaction, opening it when there is none; True when it was opened now."""
+        if self._open is not None:
+            return False
+        self._open = transaction.atomic()
+        self._open.__enter__()
+        return True
+
+    def commit_open(self) -> None:
+        """Commit the turn's open transaction, if any (its on-commit messages are sent then)."""
+        if self._open is not None:
+            opened, self._open = self._open, None
+            opened.__exit__(None, None, None)
+
+    def abort_open(self) -> None:
+        """Roll back the turn's open transaction, if any: nothing of it happened."""
+        if self._open is not None:
+            opened, self._open = self._open, None
+            with contextlib.suppress(DatabaseError, psycopg.Error):  # a broken connection rolls back by itself
+                opened.__exit__(_Aborted, _Aborted(), None)
 
     def _stop(self, exc: BaseException) -> BaseException:
         if self._stopped is None:
@@ -295,6 +338,7 @@ class Context:
             if checkpoint.wake_at is not None and checkpoint.wake_at > now():
                 raise Suspend(checkpoint.wake_at)
             options = step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout)
+            self.commit_open()
             return self._run_inline(seq, name, fn, args, options, previous_attempt=checkpoint.attempt)
         if not retries and timeout is None and not queue:
             options = _NO_RETRIES  # the hot path: nothing to validate or build
@@ -303,6 +347,7 @@ class Context:
         if queue:
             self._enqueue(seq, name, fn, args, queue, options)
             raise Suspend()
+        self.commit_open()
         return self._run_inline(seq, name, fn, args, options, previous_attempt=None)
 
     def _run_inline(self, seq, name, fn, args, options, *, previous_attempt: int | None):
@@ -338,28 +383,37 @@ class Context:
     def _enqueue(self, seq, name, fn, args, queue, options) -> None:
         redispatch = now() + timedelta(seconds=durable_settings().redispatch_after_seconds)
         payload = encode({"fn": callable_path(fn), "args": list(args)})
-        with transaction.atomic():
-            self._insert([checkpoint_row(self.run_id, seq, name, "step", input=payload, queue=queue, options=options,
-                                         wake_at=redispatch)])
-            dispatch_steps(self.run_id, [seq], queue, self.priority)
+        self.join_open()  # the turn suspends next: the step's start commits with the turn's end
+        self._insert([checkpoint_row(self.run_id, seq, name, "step", input=payload, queue=queue, options=options,
+                                     wake_at=redispatch)])
+        dispatch_steps(self.run_id, [seq], queue, self.priority)
 
     @ctx_call
     def transaction(self, name: str, fn: Callable, *args):
         """Run `fn(*args)` and write its checkpoint in one database transaction: its writes happen
-        exactly once, whatever crashes or retries happen around it."""
+        exactly once, whatever crashes or retries happen around it. That transaction is the turn's open
+        one (module docstring): it commits with the next ones and the turn's end, or before any other
+        ctx call."""
         seq, checkpoint = self._next(name, "step")
         if checkpoint is not None:
             if checkpoint.status == StepStatus.COMPLETED:
                 return self._row(checkpoint, "output")
             raise self._failed(checkpoint)
         started = now()
-        with transaction.atomic():
-            try:
-                result = fn(*args)
-            except BaseException as exc:
-                _user_error(exc)
-                raise
-            self._record(seq, name, "step", result, started=started, leased=True)
+        opened = self.join_open()
+        try:
+            # a savepoint when the open transaction holds earlier writes: a failing fn undoes its own only
+            with transaction.atomic(savepoint=not opened):
+                try:
+                    result = fn(*args)
+                except BaseException as exc:
+                    _user_error(exc)
+                    raise
+                self._record(seq, name, "step", result, started=started, leased=True)
+        except BaseException:
+            if opened:
+                self.abort_open()
+            raise
         return result
 
     # -- recorded values

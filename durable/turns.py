@@ -99,8 +99,26 @@ def _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority,
         output = definition.fn(ctx, workflow_input)
     except (Exception, _ControlFlow) as exc:
         raised = exc
+    except BaseException:  # the process is going down (or a test says it died): nothing open may commit
+        ctx.abort_open()
+        raise
     # what the engine decided wins over what the workflow's code made of it (a swallowed suspension)
     stop = ctx._misuse or ctx._stopped or raised
+    if isinstance(stop, LeaseLost | EngineWriteFailed | DatabaseError | psycopg.Error):
+        # a turn that lost its run commits nothing more; after a failed statement its transaction cannot commit
+        ctx.abort_open()
+    # the turn's end commits with what the turn left open (context.py's module docstring)
+    try:
+        result = _end(run_id, token, stop, ctx, output, has_parent)
+    except BaseException:
+        ctx.abort_open()
+        raise
+    ctx.commit_open()
+    return result
+
+
+def _end(run_id: str, token: str, stop, ctx: Context, output, has_parent: bool) -> TurnResult:
+    """Record where the turn got to: suspended, ended, continued as new, or given back."""
     if isinstance(stop, Suspend) and ctx._misuse is None:
         return _release(run_id, token, stop.wake_at, wake_now=ctx.wake_now)
     if isinstance(stop, LeaseLost):
@@ -135,6 +153,9 @@ def _release(run_id: str, token: str, wake_at: datetime | None, *, wake_now: boo
 def _finish(run_id: str, token: str, status: str, *, output=None, encoded_output: str | None = None,
             error: dict | None = None, has_parent: bool = True, ctx: Context | None = None) -> TurnResult:
     open_work = ctx is not None and ctx.has_open_work
+    if open_work:
+        # its end locks the run's descendants before the run (the lock order): nothing of the run may be held yet
+        ctx.commit_open()
     row = store.run_finish(run_id, token, status, output_text=encoded_output if encoded_output is not None else "",
                            error_text=encode(error) if error else "", open_work=open_work, has_parent=has_parent)
     if row is None:

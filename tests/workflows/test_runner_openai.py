@@ -238,6 +238,55 @@ def test_the_output_schema_is_sent_as_a_response_format_where_the_provider_suppo
 
 # -------------------------------------------------------------------- model calls off the turn workers
 
+class TurnDied(BaseException):
+    """The worker died in the middle of a turn (a BaseException: no workflow code sees it)."""
+
+
+@pytest.mark.django_db
+def test_a_turn_dying_before_its_end_commits_leaves_none_of_its_writes_and_asks_no_call_twice(
+        chat_server, make_version, settings, monkeypatch):
+    """The turn after a model call's answer writes the node's end, the next node's start and that node's call,
+    then suspends, in one commit. A worker that dies before it leaves none of them (not a node ended with no
+    successor started); the next turn writes them once and no call is asked again."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from durable import engine, store
+    from durable.inprocess import _step_work, run_until_settled
+    from durable.models import DurableRun
+
+    settings.DURABLE_DISPATCH_ENABLED = False
+    chat_server.chat_replies = [{"content": "one"}, {"content": "two"}]
+    invocation = invocation_start(version=make_version(_sequential("First node.", "Second node.")),
+                                  input={"text": "die mid-turn"})
+    run_id = invocation.durable_run_id
+    engine.execute_turn(run_id)  # the first node starts and its call is queued
+    for run, seqs in _step_work([run_id]).items():
+        engine.execute_steps(run, seqs)  # answered
+    release = store.run_release
+
+    def release_then_die(*args, **kwargs):
+        release(*args, **kwargs)
+        raise TurnDied()
+
+    monkeypatch.setattr(store, "run_release", release_then_die)
+    with pytest.raises(TurnDied):
+        engine.execute_turn(run_id)
+    monkeypatch.setattr(store, "run_release", release)
+    nodes = NodeInvocation.objects.filter(workflow_invocation=invocation).order_by("seq")
+    assert [(row.seq, row.status) for row in nodes] == [(1, "running")]
+    assert not StepCheckpoint.objects.filter(run_id=run_id, name__startswith="node:2").exists()
+    assert DurableRun.objects.get(pk=run_id).status == "running"  # the dead turn's lease, until it expires
+
+    DurableRun.objects.filter(pk=run_id).update(locked_until=timezone.now() - timedelta(minutes=1))
+    assert tick.recover_expired_leases() == 1
+    assert run_until_settled(run_id, max_wait=30).status == "completed"
+    assert [(row.seq, row.status, row.llm_calls) for row in nodes.all()] == [(1, "completed", 1), (2, "completed", 1)]
+    assert [payload["messages"][0]["content"] for payload in chat_server.chat_payloads] == ["First node.",
+                                                                                           "Second node."]
+
+
 def _sequential(*prompts: str) -> dict:
     names = [f"n{index}" for index in range(len(prompts))]
     targets = [[name] for name in names[1:]] + [["end"]]
