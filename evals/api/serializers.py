@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from evals import graders as graders_module
 from evals import importing
-from evals.graders import GraderConfigError, validate_graders
+from evals.graders import GRADER_KINDS, GraderConfigError, validate_graders
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion, default_graders
 from evals.selectors import split_plan
 from evals.services import item_errors
@@ -21,17 +22,17 @@ USD = WorkflowInvocation._meta.get_field("usd_budget")
 
 
 def _graders_guide() -> str:
-    """The graders' documentation (evals/graders.py's docstring, from its Configuration section on), so the
-    schema says what each grader does and which options it takes."""
-    doc = graders_module.__doc__ or ""
-    start = doc.find("Configuration\n")
+    """The graders' documentation (docs/graders.md, from its Configuration section on), so the schema says
+    what each grader does and which options it takes."""
+    doc = (Path(settings.BASE_DIR) / "docs" / "graders.md").read_text(encoding="utf-8")
+    start = doc.find("## Configuration\n")
     return doc[start:].strip() if start >= 0 else doc.strip()
 
 
 GRADERS_GUIDE = _graders_guide()
 GRADERS_HELP = ('The graders and their weights: a list of 1 to 10 entries {"kind": ..., "weight": ..., options}; '
-                f"kinds: {', '.join(graders_module.GRADER_KINDS)}. Each kind and option is documented in "
-                "evals/graders.py (quoted in the golden-set create operation). A bad entry is a 400 naming "
+                f"kinds: {', '.join(GRADER_KINDS)}. Each kind and option is documented in "
+                "docs/graders.md (quoted in the golden-set create operation). A bad entry is a 400 naming "
                 '`graders[i].option`. Default: [{"kind": "llm_judge", "weight": 1}].')
 
 

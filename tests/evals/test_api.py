@@ -9,6 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import resolve
 
 from evals.api import views
+from evals.graders import GRADER_KINDS
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
 from evals.services import eval_run_start, golden_item_add, golden_set_create
 from tests.factories import MembershipFactory, UserFactory, WorkspaceFactory
@@ -837,7 +838,8 @@ def test_the_schema_documents_the_evals_endpoints(api_as, owner):
             "/api/eval-runs/{id}/rewrite/", "/api/promotions/", "/api/promotions/{id}/",
             "/api/workflow-versions/{id}/promote/", "/api/workflows/{id}/rollback/"} <= set(paths)
     assert set(paths) == set(schema["paths"])
-    assert "``regex``" in paths["/api/golden-sets/"]["post"]["description"]  # the graders' documentation
+    guide = paths["/api/golden-sets/"]["post"]["description"]  # the graders' documentation, docs/graders.md
+    assert all(f"### `{kind}`" in guide for kind in GRADER_KINDS) and "EVAL_REGEX_TIMEOUT_SECONDS" in guide
     assert set(paths["/api/golden-sets/{id}/import/"]["post"]["requestBody"]["content"]) == {
         "multipart/form-data", "application/json", "text/csv", "application/jsonl"}
     assert {p["name"] for p in paths["/api/eval-runs/"]["get"]["parameters"]} >= {
