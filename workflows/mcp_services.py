@@ -12,7 +12,7 @@ from django.db.models import Prefetch
 
 from durable import release_connection
 from workflows.mcp import Manifest, McpError, ToolResult, mcp_call, mcp_discover
-from workflows.models import McpServer, McpServerVersion, McpTool, UserServerConfig
+from workflows.mcp_models import McpServer, McpServerVersion, McpTool, UserServerConfig
 from workspaces.models import Workspace
 
 _VERSION_MAX = McpServerVersion._meta.get_field("version").max_length
