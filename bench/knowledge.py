@@ -403,7 +403,7 @@ def main() -> int:
                        "incremental_chunks_per_s_with_hnsw": round(incremental_rate, 1)},
             "index": {"hnsw_build_seconds": round(build, 2), "partial_index_seconds": round(partial, 2),
                       "hnsw_m": hnsw_m, "hnsw_ef_construction": hnsw_efc,
-                      "maintenance_work_mem": getattr(settings, "KNOWLEDGE_BULK_MAINTENANCE_WORK_MEM", "1GB"),
+                      "maintenance_work_mem": settings.KNOWLEDGE_BULK_MAINTENANCE_WORK_MEM,
                       "exact_scan_max_rows": threshold, "ef_search": ef},
             "search": scenarios,
         })

@@ -1,4 +1,5 @@
-"""The engine's tunables, read from Django settings with REFERENCE.md's defaults."""
+"""The engine's tunables, read from Django settings (their defaults: config/settings/durable.py, and
+docs/durable-defaults.md for where they come from)."""
 
 from dataclasses import dataclass
 
@@ -23,16 +24,16 @@ class DurableSettings:
 
 def durable_settings() -> DurableSettings:
     return DurableSettings(
-        lease_seconds=getattr(settings, "DURABLE_LEASE_SECONDS", 30.0),
-        timer_batch=getattr(settings, "DURABLE_TIMER_BATCH", 500),
-        max_recovery_attempts=getattr(settings, "DURABLE_MAX_RECOVERY_ATTEMPTS", 5),
-        redispatch_after_seconds=float(getattr(settings, "DURABLE_REDISPATCH_AFTER_SECONDS", 30.0)),
-        event_ttl_seconds=getattr(settings, "DURABLE_EVENT_TTL_SECONDS", 7 * 24 * 3600),
-        fan_chunk=getattr(settings, "DURABLE_FAN_CHUNK", 100),
-        heartbeat_persist_seconds=getattr(settings, "DURABLE_HEARTBEAT_PERSIST_SECONDS", 10.0),
-        retention_policies=tuple(getattr(settings, "DURABLE_RETENTION_POLICIES", ())),
-        default_step_queue=getattr(settings, "DURABLE_STEP_QUEUE", "steps"),
-        turn_queue=getattr(settings, "DURABLE_TURN_QUEUE", "turns"),
-        step_default_timeout=float(getattr(settings, "DURABLE_STEP_DEFAULT_TIMEOUT", 300.0)),
-        step_max_defer_seconds=float(getattr(settings, "DURABLE_STEP_MAX_DEFER_SECONDS", 3600.0)),
+        lease_seconds=settings.DURABLE_LEASE_SECONDS,
+        timer_batch=settings.DURABLE_TIMER_BATCH,
+        max_recovery_attempts=settings.DURABLE_MAX_RECOVERY_ATTEMPTS,
+        redispatch_after_seconds=float(settings.DURABLE_REDISPATCH_AFTER_SECONDS),
+        event_ttl_seconds=settings.DURABLE_EVENT_TTL_SECONDS,
+        fan_chunk=settings.DURABLE_FAN_CHUNK,
+        heartbeat_persist_seconds=settings.DURABLE_HEARTBEAT_PERSIST_SECONDS,
+        retention_policies=tuple(settings.DURABLE_RETENTION_POLICIES),
+        default_step_queue=settings.DURABLE_STEP_QUEUE,
+        turn_queue=settings.DURABLE_TURN_QUEUE,
+        step_default_timeout=float(settings.DURABLE_STEP_DEFAULT_TIMEOUT),
+        step_max_defer_seconds=float(settings.DURABLE_STEP_MAX_DEFER_SECONDS),
     )

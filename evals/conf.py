@@ -1,4 +1,4 @@
-"""The evals app's tunables (Django settings, with these defaults)."""
+"""The evals app's tunables, read from Django settings (their defaults: config/settings/agents.py)."""
 
 from dataclasses import dataclass
 
@@ -21,14 +21,14 @@ class EvalSettings:
 
 def eval_settings() -> EvalSettings:
     return EvalSettings(
-        concurrency=int(getattr(settings, "EVAL_CONCURRENCY", 64)),
-        judge_model=settings.EVAL_JUDGE_MODEL or settings.LLM_DEFAULT_MODEL,
-        alpha=float(getattr(settings, "EVAL_ALPHA", 0.05)),
-        critical_tolerance=float(getattr(settings, "EVAL_CRITICAL_TOLERANCE", 0.1)),
-        bootstrap_resamples=int(getattr(settings, "EVAL_BOOTSTRAP_RESAMPLES", 10_000)),
-        max_items_per_set=int(getattr(settings, "EVAL_MAX_ITEMS_PER_SET", 5000)),
-        regex_timeout=float(getattr(settings, "EVAL_REGEX_TIMEOUT_SECONDS", 2.0)),
-        rewriter_model=getattr(settings, "EVAL_REWRITER_MODEL", "") or "",
-        split_proportions=tuple(getattr(settings, "EVAL_SPLIT_PROPORTIONS", (0.5, 0.25, 0.25))),
-        min_split_items=int(getattr(settings, "EVAL_MIN_SPLIT_ITEMS", 12)),
+        concurrency=int(settings.EVAL_CONCURRENCY),
+        judge_model=settings.EVAL_JUDGE_MODEL,
+        alpha=float(settings.EVAL_ALPHA),
+        critical_tolerance=float(settings.EVAL_CRITICAL_TOLERANCE),
+        bootstrap_resamples=int(settings.EVAL_BOOTSTRAP_RESAMPLES),
+        max_items_per_set=int(settings.EVAL_MAX_ITEMS_PER_SET),
+        regex_timeout=float(settings.EVAL_REGEX_TIMEOUT_SECONDS),
+        rewriter_model=settings.EVAL_REWRITER_MODEL,
+        split_proportions=tuple(settings.EVAL_SPLIT_PROPORTIONS),
+        min_split_items=int(settings.EVAL_MIN_SPLIT_ITEMS),
     )

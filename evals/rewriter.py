@@ -43,6 +43,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from evals.models import EvalRun, GoldenResult
+from workflows.dsl import END
 from workflows.models import WorkflowVersion
 
 MIN_CONFIDENCE = 0.3
@@ -98,7 +99,7 @@ def target_node(version: WorkflowVersion, failures: list[GoldenResult]) -> str:
         node_id = ends.most_common(1)[0][0]
         if node_id in nodes:
             return node_id
-    finishing = [n["nodeId"] for n in version.dsl["nodes"] if not n["handOffs"] or "end" in n["handOffs"]]
+    finishing = [n["nodeId"] for n in version.dsl["nodes"] if not n["handOffs"] or END in n["handOffs"]]
     return finishing[-1] if finishing else version.dsl["entryNodeId"]
 
 

@@ -61,7 +61,7 @@ def restore_indexes() -> dict[str, float]:
     spent: dict[str, float] = {}
     if not missing:
         return spent
-    memory = getattr(settings, "KNOWLEDGE_BULK_MAINTENANCE_WORK_MEM", "1GB")
+    memory = settings.KNOWLEDGE_BULK_MAINTENANCE_WORK_MEM
     with connection.cursor() as cursor:
         try:
             for name in missing:

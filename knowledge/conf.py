@@ -1,4 +1,4 @@
-"""The knowledge base's tunables (set from the environment in config/settings/llm.py)."""
+"""The knowledge base's tunables, read from Django settings (their defaults: config/settings/llm.py)."""
 
 from dataclasses import dataclass
 
@@ -26,19 +26,19 @@ class KnowledgeSettings:
 
 def knowledge_settings() -> KnowledgeSettings:
     return KnowledgeSettings(
-        chunk_size=getattr(settings, "KNOWLEDGE_CHUNK_SIZE", 1400),
-        chunk_overlap=getattr(settings, "KNOWLEDGE_CHUNK_OVERLAP", 200),
-        max_chunks_per_source=getattr(settings, "KNOWLEDGE_MAX_CHUNKS_PER_SOURCE", 20_000),
-        upload_max_bytes=getattr(settings, "KNOWLEDGE_UPLOAD_MAX_BYTES", 20 * 1024 * 1024),
-        url_timeout_seconds=getattr(settings, "KNOWLEDGE_URL_TIMEOUT_SECONDS", 15),
-        url_max_bytes=getattr(settings, "KNOWLEDGE_URL_MAX_BYTES", 10 * 1024 * 1024),
-        url_allowed_networks=tuple(getattr(settings, "KNOWLEDGE_URL_ALLOWED_NETWORKS", ())),
-        exact_scan_max_rows=getattr(settings, "KNOWLEDGE_EXACT_SCAN_MAX_ROWS", 5_000),
-        hnsw_ef_search=getattr(settings, "KNOWLEDGE_HNSW_EF_SEARCH", 400),
-        ingest_batch_chunks=getattr(settings, "KNOWLEDGE_INGEST_BATCH_CHUNKS", 256),
-        ingest_queue=getattr(settings, "KNOWLEDGE_INGEST_QUEUE", "ingest"),
-        ingest_retries=getattr(settings, "KNOWLEDGE_INGEST_RETRIES", 3),
-        ingest_backoff_base=getattr(settings, "KNOWLEDGE_INGEST_BACKOFF_BASE", 2.0),
+        chunk_size=settings.KNOWLEDGE_CHUNK_SIZE,
+        chunk_overlap=settings.KNOWLEDGE_CHUNK_OVERLAP,
+        max_chunks_per_source=settings.KNOWLEDGE_MAX_CHUNKS_PER_SOURCE,
+        upload_max_bytes=settings.KNOWLEDGE_UPLOAD_MAX_BYTES,
+        url_timeout_seconds=settings.KNOWLEDGE_URL_TIMEOUT_SECONDS,
+        url_max_bytes=settings.KNOWLEDGE_URL_MAX_BYTES,
+        url_allowed_networks=tuple(settings.KNOWLEDGE_URL_ALLOWED_NETWORKS),
+        exact_scan_max_rows=settings.KNOWLEDGE_EXACT_SCAN_MAX_ROWS,
+        hnsw_ef_search=settings.KNOWLEDGE_HNSW_EF_SEARCH,
+        ingest_batch_chunks=settings.KNOWLEDGE_INGEST_BATCH_CHUNKS,
+        ingest_queue=settings.KNOWLEDGE_INGEST_QUEUE,
+        ingest_retries=settings.KNOWLEDGE_INGEST_RETRIES,
+        ingest_backoff_base=settings.KNOWLEDGE_INGEST_BACKOFF_BASE,
         embedding_model=settings.EMBEDDING_MODEL,
         embedding_dimensions=settings.EMBEDDING_DIMENSIONS,
     )

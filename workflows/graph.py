@@ -28,7 +28,7 @@ from itertools import pairwise
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-END = "end"
+from workflows.dsl import END
 
 BOX_W, BOX_H = 210, 66
 END_W, END_H = 84, 30

@@ -95,7 +95,7 @@ class ToolResult:
 
 def mcp_address_policy() -> AddressPolicy:
     """The public-address policy widened by the ``MCP_ALLOWED_NETWORKS`` setting."""
-    return AddressPolicy(allowed_networks=tuple(getattr(settings, "MCP_ALLOWED_NETWORKS", ())))
+    return AddressPolicy(allowed_networks=tuple(settings.MCP_ALLOWED_NETWORKS))
 
 
 def mcp_check_url(url: str, *, policy: AddressPolicy | None = None,

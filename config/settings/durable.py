@@ -11,6 +11,11 @@ DURABLE_TIMER_BATCH = env_int("DURABLE_TIMER_BATCH", 500, minimum=1)
 DURABLE_MAX_RECOVERY_ATTEMPTS = env_int("DURABLE_MAX_RECOVERY_ATTEMPTS", 5, minimum=0)
 DURABLE_EVENT_TTL_SECONDS = env_int("DURABLE_EVENT_TTL_SECONDS", 7 * 24 * 3600, minimum=1)
 DURABLE_FAN_CHUNK = env_int("DURABLE_FAN_CHUNK", 100, minimum=1, maximum=1000)
+# a running step's heartbeats reach the database at most this often (each one re-arms its timeout)
+DURABLE_HEARTBEAT_PERSIST_SECONDS = 10.0
+# the Celery queues of turns and of steps with no queue of their own (docker-compose.yml's worker consumes both)
+DURABLE_TURN_QUEUE = "turns"
+DURABLE_STEP_QUEUE = "steps"
 # Encrypts run and step payloads at rest when set (comma-separated Fernet keys; the first encrypts).
 DURABLE_PAYLOAD_KEYS = env_list("DURABLE_PAYLOAD_KEYS", [])
 # Extra modules defining durable workflows, imported by every process (apps' durable_workflows modules are found
