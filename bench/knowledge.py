@@ -19,7 +19,7 @@ batches -> finalize) driven in-process by `durable.inprocess.run_until_settled`,
 The bulk load runs in the product's bulk mode (`knowledge.bulk.deferred_indexes`, what
 `manage.py ingest --bulk` uses): the global GIN and HNSW indexes are dropped, the sources are
 ingested, and the indexes are built again at the end (COPY into an HNSW-indexed table runs at
-about 900 rows/s, see REFERENCE.md). The bulk ingestion rate counts the load *and* the GIN
+about 900 rows/s, docs/knowledge-bulk-load.md). The bulk ingestion rate counts the load *and* the GIN
 rebuild (full-text search is not usable before it); the HNSW build is reported on its own line,
 and the rate including it as well. Incremental ingestion into the fully indexed table (GIN and
 HNSW in place, no bulk mode) is measured on a sample, to show that cost. Then the 10% workspace

@@ -1,4 +1,4 @@
-"""The 7 canonical agents (REFERENCE.md), seeded as workflows with their golden sets.
+"""The 7 canonical agents (docs/canonical-agents.md), seeded as workflows with their golden sets.
 
 Each agent is one YAML file in ``evals/agents/``: its workflow (name, description), its base DSL with
 the JSON output schema, the model tier and temperature of the reference, and its golden set (graders,
@@ -115,7 +115,7 @@ class AgentSpec:
         return self.dsl.get("outputSchema") or {}
 
 
-# the reference's order (REFERENCE.md, "The 7 canonical agents"); other files follow by name
+# the reference's order (docs/canonical-agents.md); other files follow by name
 CANONICAL = ("general-assistant", "research-analyst", "code-review-agent", "data-analyst", "content-strategist",
              "meeting-summarizer", "bug-triage-assistant")
 

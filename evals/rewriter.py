@@ -1,37 +1,9 @@
 """The prompt rewriter: from an eval run's worst failures, propose a candidate version.
 
-REFERENCE.md: the input is the current prompt and the 5 worst-scoring failures (input, expected,
-actual, grader rationale, each cut to 500 characters); the output is ``{failure_analysis,
-changelog[], improved_prompt, confidence}``; a proposal below 0.3 confidence, or one that changes
-nothing, is skipped. The rewritten node is the one whose answer is graded (the node the failing
-invocations ended on).
-
-With a real model configured, a model call (temperature 0.3, JSON output) writes the new prompt: to
-``EVAL_REWRITER_MODEL``, else to the rewritten node's own model.
-Offline, a documented deterministic rewriter reads the graders' verdicts and adds the directives
-the offline chat model obeys (llm/offline_chat.py ``DIRECTIVES``), so iterative improvement is real
-offline, for reasons a reader can trace:
-
-=========================================== ===============================================
-what the failures show                      change
-=========================================== ===============================================
-a JSON-field or JSON-schema grade below 1   ``Answer in JSON with the fields ...`` naming the
-                                            expected output's keys (else the schema's)
-expected facts missing from the answer      ``knowledge_search`` added to the node's tools and
-(contains / token F1 below 0.5, or most    ``Call knowledge_search before answering.``
-words of the expected JSON values absent)
-expected answers carry a ``Sources:`` line  ``Cite your sources.``
-or ``[n]`` markers
-expected answers are bullet lists           ``Answer as a bullet list.``
-expected answers quote a passage            ``Quote the retrieved passage.``
-expected answers are one sentence and the   ``Answer in one sentence.``
-answers are longer
-an expected "I don't know"-style answer     ``If the sources do not contain the answer, say "..."``
-all expected answers start the same way     ``Start your answer with "..."``
-=========================================== ===============================================
-
-Each change counts the failures it addresses; the confidence is the share of the failures that at
-least one change addresses. A directive the prompt already states is not added again.
+It rewrites the node whose answer is graded (the node the failing invocations ended on), from the 5
+worst-scoring failures; a proposal below 0.3 confidence, or one that changes nothing, is skipped. With a
+real model one call writes the new prompt; offline, documented rules map grader failures to the directives
+the offline chat model obeys. The contract and the offline rules: docs/rewriter.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Statistics of eval runs: the fitness of REFERENCE.md, percentiles, and the paired comparison of
+"""Statistics of eval runs: the fitness (docs/fitness.md), percentiles, and the paired comparison of
 two versions on the same items.
 
 The comparison is a paired test on per-item scores. The p-value is the Wilcoxon signed-rank test's
@@ -22,7 +22,7 @@ import numpy as np
 
 
 def fitness(avg_score: float, *, seconds_per_item: float, usd_per_item: float) -> float:
-    """REFERENCE.md: ``0.7*acc + 0.2*normTime*acc/100 + 0.1*normCost*acc/100`` capped at 100, with acc
+    """docs/fitness.md: ``0.7*acc + 0.2*normTime*acc/100 + 0.1*normCost*acc/100`` capped at 100, with acc
     the average score in percent, normTime 100 up to 300 s an item then 100*60/t, normCost 100 up to
     0.01 USD an item then 100*0.005/c. The cost is the workflow's own, not the judge's."""
     acc = max(0.0, min(1.0, avg_score)) * 100

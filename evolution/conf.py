@@ -1,4 +1,4 @@
-"""An evolution run's configuration: REFERENCE.md's GP defaults, overridable per run."""
+"""An evolution run's configuration: the GP defaults of docs/evolution-defaults.md, overridable per run."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ DEFAULTS = {
     "convergence_epsilon": 0.001,
     "concurrency": 8,  # items of one eval run in flight at once (x population: about LLM_MAX_IN_FLIGHT)
     "minibatch": 3,  # reflective mode: items a candidate is first scored on
-    "mutation_weights": None,  # None: REFERENCE.md's (evolution/operators.py MUTATION_WEIGHTS)
+    "mutation_weights": None,  # None: evolution/operators.py MUTATION_WEIGHTS (docs/operators.md)
 }
 
 LIMITS = {  # name: (type, minimum, maximum)

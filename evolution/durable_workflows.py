@@ -2,7 +2,7 @@
 
 ``evolution.run`` improves a workflow against a golden set in one of three modes:
 
-- ``gp`` (genetic programming, REFERENCE.md): an initial population (the base, mutants, immigrants),
+- ``gp`` (genetic programming, docs/evolution-defaults.md): an initial population (the base, mutants, immigrants),
   then per generation: selection (elites, then tournament winners up to half the population),
   breeding (crossover / mutation / immigrant draws), evaluation of the offspring, and survivors
   (parents and offspring ranked together, the best `population` kept).
@@ -231,7 +231,7 @@ class GeneticProgramming(Loop):
         return self.summary(reason or f"{len(self.best_history)} generations done")
 
     def select(self, ranked: list[int], number: int) -> list[int]:
-        """The elites, then tournament winners until half the population (REFERENCE.md)."""
+        """The elites, then tournament winners until half the population (docs/evolution-defaults.md)."""
         c = self.config
         rng = execution.generator(c["seed"], "select", number)
         parents = list(ranked[:c["elites"]])

@@ -179,7 +179,7 @@ def _write(run: EvolutionRun, offspring, parents: list[WorkflowVersion], generat
 
 
 def initial_population(run_id: int) -> list[dict]:
-    """Generation 0: the base, then mutants of the base and immigrants (REFERENCE.md), deduplicated by
+    """Generation 0: the base, then mutants of the base and immigrants (docs/evolution-defaults.md), deduplicated by
     content; at most `population` distinct versions."""
     from evolution import operators
 
@@ -208,7 +208,7 @@ def initial_population(run_id: int) -> list[dict]:
 
 
 def breed(run_id: int, generation: int, parents: list[dict], count: int) -> list[dict]:
-    """`count` offspring of the selected parents ({"version_id", "eval_run"}), REFERENCE.md's draw per
+    """`count` offspring of the selected parents ({"version_id", "eval_run"}), one draw per
     child: below the crossover rate a crossover of two parents, below crossover + mutation a mutation,
     else an immigrant; an offspring identical to an existing version is that version."""
     from evolution import operators

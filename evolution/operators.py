@@ -11,123 +11,7 @@ Parents must be valid DSL documents (``workflows.dsl.parse``; ``DslError`` other
 ``note`` is one changelog line saying what changed. Every node keeps the ``memory`` of the parent
 it comes from (a node a mutation added starts empty).
 
-Why they can help
------------------
-The offline chat model (llm/offline_chat.py) obeys a documented vocabulary of prompt directives
-and answers only from its inputs, so what can move its scores is what these operators change:
-directives (the answer's format, length, citations, quotes, "I don't know"), tools (a node that
-calls ``knowledge_search`` answers from retrieved passages, not from the question alone), and
-nodes (a researcher that retrieves and quotes before the writer, a formatter that answers in JSON
-with the output schema's fields, a reviewer that reshapes a draft). A model change does nothing
-offline (every model name is answered by the same offline model) but trades cost for quality with
-real models. The same changes are what a person would try on a real model.
-
-Mutation kinds (``mutate``; REFERENCE.md's weights, ``MUTATION_WEIGHTS``)
-------------------------------------------------------------------------
-============ ====== ==============================================================================
-kind         weight what changes
-============ ====== ==============================================================================
-model        0.22   one node's model becomes another of ``Material.models``; a provider prefix
-                    (``openrouter#``) and a vendor path (``openai/``) are kept
-prompt       0.18   one node (a node that finishes, 3 times in 4): add a directive of the pool it
-                    lacks (60%), remove one it states (20%) or replace one (20%: by another of
-                    the same kind, e.g. 40 -> 80 words, else by one it lacks). Directives are found
-                    with ``find_directives``; a directive is removed or replaced with its sentence,
-                    only when the sentence is the directive (at most 4 other words). One of
-                    one_sentence / bullet_list at a time (they both set the answer's shape).
-                    A node without a system prompt is read through its description, as the
-                    runner reads it, and that text becomes the prompt that changes.
-                    ``Call knowledge_search before answering.`` (any tool_first directive) is
-                    proposed only with its tool: the node gets the tool when it lacks it (the
-                    offline model ignores a directive naming a tool it is not offered), and the
-                    directive is not proposed to a node that already has ``MAX_TOOLS`` tools.
-tool         0.18   one node: add a tool of ``Material.tools`` it lacks (60% when it can; with
-                    knowledge_search, half the time with its tool_first directive too), else
-                    remove one of its tools (with a tool_first directive naming it)
-iterative    0.15   ``iterative(dsl)``: the caller's judge-guided rewrite (evals/rewriter.py
-                    ``offline_proposal`` bound to the parent's failures); no callable, or nothing
-                    new from it: a prompt mutation instead (reported as kind "prompt")
-structure    0.13   a node with 2 hand-offs or more changes its handOffType: sequential <->
-                    parallel (never parallel onto itself), to conditional only when every target
-                    has a description (the router chooses by descriptions) and no join waits for
-                    one (it would never run), conditional -> the others; or two adjacent nodes of
-                    a sequential chain swap places (the waits, the entry and the predecessors
-                    follow)
-add_node     0.07   a node of ``NODE_PATTERNS`` inserted between a node and one of its targets (or
-                    after a node that finishes, before end), with a fresh id; never on the
-                    branches of a conditional router (the new node's description would replace
-                    the target's in the router's choice); at most ``MAX_NODES`` nodes
-delete_node  0.07   a node other than the entry removed; its predecessors hand off to its
-                    successors (to end when it finished), a join waiting for it waits for those
-                    predecessors instead, and a node left with no hand-off finishes
-============ ====== ==============================================================================
-
-With ``kind=None`` the kind is drawn by the weights; a kind that cannot apply (delete_node on one
-node, structure without a choice) is left out and another drawn. With an explicit kind only that
-one is tried, and ``None`` comes back when it cannot apply.
-
-Crossover (``crossover``)
--------------------------
-One of three, drawn at random among those that apply; the graph is a's unless spliced:
-
-- uniform: for the node ids both parents share whose behaviour differs, each node takes its
-  prompt, model, tools, skills and maxSteps from a or from b (a coin per node; at least one from
-  b, and one from a when there are two or more); description, hand-offs and memory stay a's.
-- splice: at a node both share (not a's entry, and not one from which all of a is reachable), the
-  subgraph reachable from it in b replaces the subgraph reachable from it in a; nodes outside stay
-  a's, joins keep only the nodes that still hand off to them, dangling hand-offs are repaired.
-- prompt: one node's prompt as sentences (a directive is never cut): a's first i sentences, then b's
-  from sentence j on, skipping sentences a's part already has and directives of a kind a's part
-  already states; a tool a tool_first sentence from b names comes along. The node is paired by id,
-  or, when the parents share no node id at all, a node of a that finishes with one of b.
-
-``None`` when no mode gives a child different from both parents.
-
-Material
---------
-``Material`` is what the offline operators draw on: models, tools, extra directive texts and the
-run's goal. The directive pool (``directive_pool(dsl)`` + ``Material.directives``), in this order,
-every phrasing the offline model's own canonical one (``DIRECTIVES[key].text(...)``):
-
-- ``Answer in JSON with the fields <the outputSchema's property names>.`` (when it has some): the
-  graders of a JSON output read fields;
-- ``Call knowledge_search before answering.``: answers from retrieved passages;
-- ``Cite your sources.``, ``Quote the retrieved passage.``: citations and quotes of those passages;
-- ``Answer as a bullet list.``, ``Answer in one sentence.``: the answer's shape;
-- ``Answer in at most 40 words.``, ``Answer in at most 80 words.``: its length;
-- ``If the sources do not contain the answer, say "I don't know."``: no guess without evidence.
-
-``NODE_PATTERNS`` (add_node):
-
-- researcher: ``You research the question in the knowledge base. Call knowledge_search before
-  answering. Quote the retrieved passage.`` with knowledge_search: evidence for the nodes after it.
-- reviewer: ``You review the draft answer you are given and rewrite it so that it answers the
-  question.`` plus the format directives (json_fields, one_sentence, bullet_list, max_words,
-  prefix, unknown_answer) of the node it follows, else of the first node that finishes, else the
-  output schema's json_fields, else ``Answer in at most 80 words.``: a shorter, better-shaped answer.
-- formatter (only when the output schema has property names): ``You turn the answer you are
-  given into the workflow's output. Answer in JSON with the fields ...``: the JSON a schema asks for.
-
-``IMMIGRANT_TEMPLATES`` (immigrant): a fresh workflow with the base's top-level fields (input and
-output schema included), each node's model drawn from the base's models, the goal
-(``Material.goal``, else the base entry node's description) as a ``Your goal: ...`` sentence in
-every prompt, and a random subset of the directive pool (each kind of directive half the time, one
-phrasing of it) on the nodes that finish:
-
-- single: ``answerer`` -> end;
-- pipeline: ``researcher`` (knowledge_search, quotes) -> ``writer`` -> end;
-- router: ``router`` (conditional) -> ``search_specialist`` (knowledge_search, cites) or
-  ``direct_specialist`` (answers from the request's own text), each -> end.
-
-Repair
-------
-``repair(dsl)``: nodes that are not objects or have no usable id are dropped, later duplicates of
-an id dropped, a node named ``end`` dropped, at most ``MAX_NODES`` nodes kept (the entry first);
-hand-offs and waits naming missing nodes dropped (a node whose hand-offs all went finishes: it
-hands off to end), a parallel hand-off onto its own node dropped, an unknown handOffType made
-sequential, maxSteps clamped to 1..MAX_STEPS, a missing model taken from the first node that has
-one, a missing entry replaced by the first node; then ``parse``. Two passes at most; ``None`` when
-the document is still not a workflow.
+What each operator changes and why, the mutation weights, the material and the repair: docs/operators.md.
 """
 
 from __future__ import annotations
@@ -168,7 +52,7 @@ TOOL_ADD_CHANCE = 0.6  # a tool mutation adds (when the node can take one) rathe
 TOOL_DIRECTIVE_CHANCE = 0.5  # adding knowledge_search also adds its tool_first directive
 IMMIGRANT_DIRECTIVE_CHANCE = 0.5  # each kind of directive of the pool, on an immigrant's finishing nodes
 WORD_LIMITS = (40, 80)
-MAX_TOOLS = 3  # tools per node (REFERENCE.md, "Limits in the original")
+MAX_TOOLS = 3  # tools per node (docs/limits.md)
 ATTEMPTS = 12  # draws of one operator before it gives up on a child different from its parent(s)
 REMOVABLE_EXTRA_WORDS = 4  # a directive's sentence is removed whole when it has at most this many other words
 BEHAVIOUR_FIELDS = ("systemPrompt", "gatewayModelId", "codeTools", "mcpTools", "skills", "maxSteps")
@@ -192,7 +76,7 @@ class Offspring:
 
 @dataclass(frozen=True)
 class Material:
-    """What the offline operators may draw on (see the module docstring)."""
+    """What the offline operators may draw on (docs/operators.md, "Material")."""
 
     # the model pool of the model mutation (EVOLUTION_MODELS)
     models: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(settings.EVOLUTION_MODELS))
@@ -212,8 +96,8 @@ def _schema_fields(dsl: dict) -> list[str]:
 
 
 def directive_pool(dsl: dict) -> list[str]:
-    """The canonical directive phrasings worth trying on this workflow, in a fixed order (see the
-    module docstring): JSON fields of its output schema (when it has some), then tool, citation,
+    """The canonical directive phrasings worth trying on this workflow, in a fixed order (see
+    docs/operators.md): JSON fields of its output schema (when it has some), then tool, citation,
     quote, shape, length and unknown-answer directives."""
     texts = []
     fields = _schema_fields(dsl)
@@ -520,7 +404,7 @@ def _repair_pass(document: dict) -> dict | None:
 
 
 def repair(dsl) -> dict | None:
-    """The nearest valid DSL (see the module docstring), normalized; None when there is none."""
+    """The nearest valid DSL (docs/operators.md, "Repair"), normalized; None when there is none."""
     document = dsl
     if isinstance(document, str | bytes):
         try:
@@ -869,7 +753,7 @@ def _kind_weights(weights: dict | None) -> list[tuple[str, float]]:
     unknown = sorted(str(kind) for kind in table if kind not in MUTATION_WEIGHTS)
     if unknown:
         raise ValueError(f"unknown mutation kinds {', '.join(unknown)}; the kinds are {', '.join(MUTATION_WEIGHTS)}")
-    items = [(kind, float(table.get(kind, 0) or 0)) for kind in MUTATION_WEIGHTS]  # REFERENCE.md's order, always
+    items = [(kind, float(table.get(kind, 0) or 0)) for kind in MUTATION_WEIGHTS]  # docs/operators.md's order, always
     if any(weight < 0 for _, weight in items):
         raise ValueError("mutation weights are at least 0")
     items = [(kind, weight) for kind, weight in items if weight > 0]
@@ -912,7 +796,7 @@ def _mutate_kind(parent: dict, parent_hash: str, kind: str, rng: random.Random, 
 def mutate(dsl: dict, rng: random.Random, *, material: Material | None = None, kind: str | None = None,
            weights: dict | None = None,
            iterative: Callable[[dict], tuple[dict, str] | None] | None = None) -> Offspring | None:
-    """A mutant of `dsl` (see the module docstring): of `kind`, else of a kind drawn by `weights`
+    """A mutant of `dsl` (docs/operators.md): of `kind`, else of a kind drawn by `weights`
     (default ``MUTATION_WEIGHTS``; a kind that cannot apply is left out and another drawn). None when
     nothing applies. `iterative(dsl)` returns (dsl, changelog line) or None."""
     material = material or Material()
@@ -1029,7 +913,7 @@ CROSSOVERS: dict[str, Callable[[dict, dict, random.Random], tuple[dict, str] | N
 
 
 def crossover(dsl_a: dict, dsl_b: dict, rng: random.Random) -> Offspring | None:
-    """A child of two parents (see the module docstring), different from both; None when none comes out."""
+    """A child of two parents (docs/operators.md), different from both; None when none comes out."""
     a, b = parse(dsl_a), parse(dsl_b)
     hashes = (dsl_hash(a), dsl_hash(b))
     modes = list(CROSSOVERS)
@@ -1134,7 +1018,7 @@ def _instantiate(base: dict, template: ImmigrantTemplate, rng: random.Random, ma
 
 
 def immigrant(dsl: dict, rng: random.Random, *, material: Material | None = None) -> Offspring:
-    """A fresh workflow from ``IMMIGRANT_TEMPLATES`` for the base `dsl` (see the module docstring),
+    """A fresh workflow from ``IMMIGRANT_TEMPLATES`` for the base `dsl` (docs/operators.md),
     different from the base."""
     material = material or Material()
     base = parse(dsl)

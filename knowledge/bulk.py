@@ -2,7 +2,7 @@
 
 Every chunk written into the indexed table pays for the GIN full-text index (about 60 us a
 chunk, measured on this project's benchmark machine) and, far worse, the global HNSW index
-(COPY falls from about 31,000 to 900 rows/s, see REFERENCE.md). Building both once after the
+(COPY falls from about 31,000 to 900 rows/s, docs/knowledge-bulk-load.md). Building both once after the
 load is much cheaper (GIN about 30 us a row; HNSW 100,000 rows in about 13 s). That is right for
 an initial import or a re-import in a maintenance window, never for a live knowledge base:
 while the indexes are missing, full-text and unfiltered vector searches of *every* workspace
@@ -66,7 +66,7 @@ def restore_indexes() -> dict[str, float]:
         try:
             for name in missing:
                 # HNSW builds in memory (at the default 64MB: 76 s instead of about 20 s for 100,000
-                # rows, REFERENCE.md); the GIN build was measured slightly faster at the default
+                # rows, docs/knowledge-bulk-load.md); the GIN build was measured slightly faster at the default
                 cursor.execute("SELECT set_config('maintenance_work_mem', %s, false)",
                                [memory if isinstance(wanted[name], HnswIndex) else "64MB"])
                 started = time.perf_counter()

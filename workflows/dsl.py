@@ -10,7 +10,7 @@ a version is refused before anything is paid.
 ``normalize`` turns a document into the stored DSL (aliases resolved, defaults filled in, the type of
 every field checked: a missing or null field takes its default, any other wrong type is an error);
 ``validate`` raises ``DslError`` naming the node and the field; ``dsl_hash`` is the SHA-256 of the
-canonical form (REFERENCE.md): keys sorted recursively, nodes sorted by id, node `memory` and
+canonical form (docs/content-hash.md): keys sorted recursively, nodes sorted by id, node `memory` and
 unknown node fields dropped, lists de-duplicated, the tool and skill lists (sets to the runner) sorted
 and the hand-off and waitFor lists kept in their order (the runner's order).
 """

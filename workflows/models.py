@@ -190,7 +190,7 @@ class WorkflowInvocation(models.Model):
     input = models.JSONField(default=dict, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
-    # limits this invocation ran under (REFERENCE.md: 14 node invocations; USD from settings)
+    # limits this invocation ran under (docs/limits.md; their defaults from settings)
     node_budget = models.PositiveIntegerField(default=14)
     usd_budget = models.DecimalField(max_digits=18, decimal_places=10)
     usd_cost = models.DecimalField(max_digits=18, decimal_places=10, default=0)

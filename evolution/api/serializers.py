@@ -11,7 +11,7 @@ from workflows.api.serializers import NULLABLE_URI, _link
 from workflows.models import Workflow, WorkflowVersion
 
 GOAL_MAX = 10_000
-FITNESS_HELP = "REFERENCE.md fitness (0-100) of the version's eval run on the run's golden set."
+FITNESS_HELP = "The fitness (0-100, docs/fitness.md) of the version's eval run on the run's golden set."
 # at most this many nodes in a genealogy (the run's individuals first), and in each of a lineage's lists
 GENEALOGY_MAX_NODES = 3000
 LINEAGE_MAX_NODES = 2000
@@ -24,7 +24,7 @@ def _config_property(key: str, default) -> dict:
                 "properties": {name: {"type": "number", "minimum": 0, "description": f"default {weight}"}
                                for name, weight in MUTATION_WEIGHTS.items()},
                 "description": "Relative weights of the mutation kinds (some of them, at least one above 0); "
-                               "null: REFERENCE.md's, shown per kind."}
+                               "null: docs/operators.md's, shown per kind."}
     kind, low, high = LIMITS[key]
     return {"type": "integer" if kind is int else "number", "minimum": low, "maximum": high, "default": default}
 

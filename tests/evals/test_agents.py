@@ -23,7 +23,7 @@ from workflows.models import NodeInvocation, Workflow, WorkflowVersion
 
 pytestmark = pytest.mark.django_db
 
-CANONICAL = {  # REFERENCE.md: name -> (model tier, temperature)
+CANONICAL = {  # docs/canonical-agents.md: name -> (model tier, temperature)
     "General Assistant": ("haiku", 0.6), "Research Analyst": ("sonnet", 0.2), "Code Review Agent": ("sonnet", 0.1),
     "Data Analyst": ("sonnet", 0.15), "Content Strategist": ("sonnet", 0.5), "Meeting Summarizer": ("haiku", 0.2),
     "Bug Triage Assistant": ("sonnet", 0.1),
