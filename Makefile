@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint check bench manage clean-data help
+.PHONY: run test lint check bench manage lock clean-data help
 
 help:
 	@echo "make run    start Lineage (embedded Postgres + Redis, web, worker, beat) on http://127.0.0.1:8000"
@@ -12,13 +12,14 @@ help:
 	@echo "make lint   ruff + makemigrations --check"
 	@echo "make bench NAME=durable_steps   run one benchmark"
 	@echo "make manage ARGS='shell'        run manage.py with the embedded services up"
+	@echo "make lock   pin the runtime dependencies (pylock.toml, what the production image installs)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(STAMP): $(PY) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	$(PY) -m pip install --quiet -e ".[local,dev,bench]"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -37,6 +38,12 @@ bench: $(STAMP)
 
 manage: $(STAMP)
 	$(PY) -m config.services exec -- $(PY) manage.py $(ARGS)
+
+# the runtime dependencies of pyproject.toml (no extras, not the project itself) pinned with their hashes for
+# Python 3.11 on Linux x86-64: the Dockerfile installs them in a layer of their own
+lock: $(STAMP)
+	$(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > .lock.in
+	$(PY) -m pip lock --quiet -r .lock.in -o pylock.toml; status=$$?; rm -f .lock.in; exit $$status
 
 clean-data:
 	rm -rf .data

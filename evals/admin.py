@@ -144,7 +144,7 @@ class GoldenSetForm(forms.ModelForm):
                    "description": forms.Textarea(attrs={"rows": 2, "cols": 90})}
         help_texts = {"graders": 'A JSON list of 1 to 10 graders, e.g. [{"kind": "contains", "weight": 2}, '
                                  '{"kind": "token_f1"}]; kinds: exact, contains, regex, token_f1, json_fields, '
-                                 "numeric, json_schema, llm_judge (docs/graders.md lists their options)."}
+                                 "numeric, json_schema, llm_judge (evals/graders/guide.md lists their options)."}
 
     def clean_graders(self):
         try:

@@ -20,7 +20,7 @@ The file format (``load_agents`` checks it and raises ``AgentFileError`` naming 
     golden_set:
       description: ...
       pass_threshold: 0.7
-      graders: [{kind: json_fields, weight: 1, fields: [...]}, ...]   # docs/graders.md
+      graders: [{kind: json_fields, weight: 1, fields: [...]}, ...]   # evals/graders/guide.md
       scoring_criteria: ...               # the items' default criteria and rubric (for an LLM judge)
       rubric: [{criterion: ..., max_points: 2}]
       items:

@@ -3,7 +3,6 @@ from __future__ import annotations
 from decimal import Decimal
 from pathlib import Path
 
-from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -22,9 +21,9 @@ USD = WorkflowInvocation._meta.get_field("usd_budget")
 
 
 def _graders_guide() -> str:
-    """The graders' documentation (docs/graders.md, from its Configuration section on), so the schema says
+    """The graders' documentation (evals/graders/guide.md, from its Configuration section on), so the schema says
     what each grader does and which options it takes."""
-    doc = (Path(settings.BASE_DIR) / "docs" / "graders.md").read_text(encoding="utf-8")
+    doc = (Path(__file__).resolve().parent.parent / "graders" / "guide.md").read_text(encoding="utf-8")
     start = doc.find("## Configuration\n")
     return doc[start:].strip() if start >= 0 else doc.strip()
 
@@ -32,7 +31,7 @@ def _graders_guide() -> str:
 GRADERS_GUIDE = _graders_guide()
 GRADERS_HELP = ('The graders and their weights: a list of 1 to 10 entries {"kind": ..., "weight": ..., options}; '
                 f"kinds: {', '.join(GRADER_KINDS)}. Each kind and option is documented in "
-                "docs/graders.md (quoted in the golden-set create operation). A bad entry is a 400 naming "
+                "evals/graders/guide.md (quoted in the golden-set create operation). A bad entry is a 400 naming "
                 '`graders[i].option`. Default: [{"kind": "llm_judge", "weight": 1}].')
 
 

@@ -139,11 +139,11 @@ are written (201) and the bad ones reported in `errors`. Limits: {importing.MAX_
     list=extend_schema(summary="List golden sets", description="Newest first, each with its item count."),
     retrieve=extend_schema(summary="A golden set: its graders, threshold and item count"),
     create=extend_schema(summary="Create a golden set in one of your workspaces",
-                         description="Graders (docs/graders.md):\n\n" + GRADERS_GUIDE),
+                         description="Graders (evals/graders/guide.md):\n\n" + GRADERS_GUIDE),
     update=extend_schema(summary="Change a golden set (name, description, workflow, threshold, graders)",
-                         description="Graders (docs/graders.md):\n\n" + GRADERS_GUIDE),
+                         description="Graders (evals/graders/guide.md):\n\n" + GRADERS_GUIDE),
     partial_update=extend_schema(summary="Change some fields of a golden set",
-                                 description="Graders (docs/graders.md):\n\n" + GRADERS_GUIDE),
+                                 description="Graders (evals/graders/guide.md):\n\n" + GRADERS_GUIDE),
     destroy=extend_schema(summary="Delete a golden set, its items, eval runs and results (409 while one runs)"),
 )
 class GoldenSetViewSet(WorkspaceScopedViewSet):

@@ -1,4 +1,4 @@
-"""Graders: how an eval scores one workflow answer against one golden item (docs/graders.md).
+"""Graders: how an eval scores one workflow answer against one golden item (evals/graders/guide.md).
 
 A pure package (no models, no database): ``grade(actual, item, graders)`` returns a ``Verdict`` that an eval
 run stores as a durable step result (``Verdict.as_dict()``) and as a ``GoldenResult`` row.

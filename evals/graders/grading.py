@@ -36,7 +36,7 @@ def grade(actual: str, item: ItemSpec, graders: list[dict], *, output_schema: di
     """Score `actual` (a workflow's answer) against `item` with each configured grader and combine the grades.
 
     Raises GraderConfigError for a bad configuration; everything about the item and the answer (bad JSON,
-    a failing judge, a missing schema) ends up in the Verdict. Each grader is described in docs/graders.md.
+    a failing judge, a missing schema) ends up in the Verdict. Each grader is described in evals/graders/guide.md.
     `judge` answers the judge's calls in place of ``llm.chat.chat`` (raising ChatError as it would, or
     JudgePending, which stops the grading)."""
     entries = validate_graders(graders)

@@ -838,7 +838,7 @@ def test_the_schema_documents_the_evals_endpoints(api_as, owner):
             "/api/eval-runs/{id}/rewrite/", "/api/promotions/", "/api/promotions/{id}/",
             "/api/workflow-versions/{id}/promote/", "/api/workflows/{id}/rollback/"} <= set(paths)
     assert set(paths) == set(schema["paths"])
-    guide = paths["/api/golden-sets/"]["post"]["description"]  # the graders' documentation, docs/graders.md
+    guide = paths["/api/golden-sets/"]["post"]["description"]  # the graders' documentation, evals/graders/guide.md
     assert all(f"### `{kind}`" in guide for kind in GRADER_KINDS) and "EVAL_REGEX_TIMEOUT_SECONDS" in guide
     assert set(paths["/api/golden-sets/{id}/import/"]["post"]["requestBody"]["content"]) == {
         "multipart/form-data", "application/json", "text/csv", "application/jsonl"}

@@ -1,4 +1,4 @@
-"""The graders (evals/graders/, docs/graders.md): each grader on unicode, empty, huge and malformed input;
+"""The graders (evals/graders/, evals/graders/guide.md): each grader on unicode, empty, huge and malformed input;
 configuration errors that name the entry and the option; weighted verdicts; and the LLM judge through the real
 `openai` client talking HTTP to a local OpenAI-compatible server, with its offline fallback."""
 

@@ -51,7 +51,7 @@ def test_a_failure_caused_by_one_runs_budget_is_not_reused_by_a_run_with_another
 
 
 def test_results_graded_by_another_judge_model_are_not_reused(facts, workspace, make_version, evaluate, settings):
-    """graders_hash does not cover the judge model (docs/graders.md says so: "a caller reusing results
+    """graders_hash does not cover the judge model (evals/graders/guide.md says so: "a caller reusing results
     must key on those too"). The reuse key holds the judge as this installation resolves it: two real
     judges differ (their results are not shared); offline, every judge model is the same deterministic
     fallback, so its results are reused."""
