@@ -76,6 +76,15 @@ def env_float(name: str, default: float = _MISSING, *, minimum: float | None = N
     return _parse(name, default, parse, "a number")
 
 
+def env_choice(name: str, default: str = _MISSING, *, choices: tuple[str, ...]) -> str:
+    def parse(raw: str) -> str:
+        if raw not in choices:
+            raise ValueError(f"use one of {', '.join(choices)}")
+        return raw
+
+    return _parse(name, default, parse, f"one of {', '.join(choices)}")
+
+
 def env_list(name: str, default: list[str] = _MISSING) -> list[str]:
     return _parse(name, default, lambda raw: [item.strip() for item in raw.split(",") if item.strip()],
                   "a comma-separated list")

@@ -4,7 +4,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_float, env_int, env_list, env_str, env_url
+from config.env import env_bool, env_choice, env_float, env_int, env_list, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 DATA_DIR = Path(env_str("LINEAGE_DATA_DIR", str(BASE_DIR / ".data")))
@@ -218,12 +218,18 @@ if not DEBUG:
     CSRF_COOKIE_SECURE = True
     SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 
+# "plain" (`make run`'s terminal) or "json": one JSON object a line with the run, invocation, workspace and
+# Celery task it comes from (config/logging.py), for a log pipeline (Loki, Elasticsearch, CloudWatch)
+LOG_FORMAT = env_choice("LOG_FORMAT", "plain", choices=("plain", "json"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"quiet_periodic_tasks": {"()": "config.logging.QuietPeriodicTasks"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+                   "json": {"()": "config.logging.JsonFormatter"}},
+    "filters": {"quiet_periodic_tasks": {"()": "config.logging.QuietPeriodicTasks"},
+                "log_context": {"()": "config.logging.LogContextFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT,
+                             "filters": ["log_context"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
