@@ -106,7 +106,7 @@ def start_installation(args, env: dict, logdir: Path) -> list[subprocess.Popen]:
     commands = {
         "web": gunicorn_command(python, "127.0.0.1", args.port, workers=args.web_workers, threads=args.web_threads),
         "worker": [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "WARNING", "--concurrency",
-                   str(args.celery_concurrency), "-Q", "celery,turns,steps,llm,ingest", "--hostname",
+                   str(args.celery_concurrency), "-Q", "celery,turns,steps,llm,ingest,tick", "--hostname",
                    "apiload@%h"],
         "beat": [python, "-m", "celery", "-A", "config", "beat", "--loglevel", "WARNING", "--schedule",
                  str(logdir / "celerybeat-schedule")],
