@@ -276,7 +276,9 @@ def _run(args) -> int:
 
     env = {**os.environ, "DATABASE_URL": bench_url, "REDIS_URL": _redis_url(), "DEBUG": "false",
            "ALLOWED_HOSTS": "127.0.0.1", "SECURE_SSL_REDIRECT": "false", "LOG_LEVEL": "WARNING",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "CACHE_URL": _redis_url(),
+           # one member's writes are the benchmark's load, not abuse
+           "API_THROTTLE_WRITE_RATE": "off"}
     env.setdefault("SECRET_KEY", "api-load-benchmark-only")
     celery_processes = args.celery_concurrency + 1  # the prefork parent and its children
     bound = (args.web_workers + celery_processes + 1) * pool_max if pool_max else None

@@ -5,7 +5,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_choice, env_float, env_int, env_list, env_str, env_url
+from config.env import env_bool, env_choice, env_float, env_int, env_list, env_rate, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 DATA_DIR = Path(env_str("LINEAGE_DATA_DIR", str(BASE_DIR / ".data")))
@@ -205,7 +205,17 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "workspaces.api.errors.exception_handler",
-    "DEFAULT_THROTTLE_RATES": {},
+    # rate limits, counted in the cache (Redis: shared by every web process); past one a client gets 429
+    # with Retry-After in the API's error body (workspaces/api/throttles.py)
+    "DEFAULT_THROTTLE_CLASSES": ["workspaces.api.throttles.WriteRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        # POST /api/auth/token/ per client address, whatever the outcome: password guessing is slowed down
+        "login": env_rate("API_THROTTLE_LOGIN_RATE", "10/minute"),
+        # creates, updates, deletes and actions per user (per address when anonymous); reads are not limited
+        "write": env_rate("API_THROTTLE_WRITE_RATE", "600/minute"),
+    },
+    # the client address behind this many proxies (X-Forwarded-For); None: REMOTE_ADDR
+    "NUM_PROXIES": env_int("API_NUM_PROXIES", 0, minimum=0),
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 
