@@ -32,7 +32,7 @@ def delete_runs(run_ids: list[str]) -> int:
 POLICY_KEYS = ("statuses", "max_age_days", "max_count", "workflow")
 
 
-def policy_validate(policy) -> tuple[list[str], float | None, int | None, str | None]:
+def policy_validate(policy) -> tuple[list[str], int | None, int | None, str | None]:
     """A policy's statuses, age, count and workflow; ImproperlyConfigured naming the field that is wrong
     (the start-up check of config/checks.py runs it on every configured policy)."""
     if not isinstance(policy, dict) or set(policy) - set(POLICY_KEYS):

@@ -155,7 +155,6 @@ if REDIS_URL is None:
     )
 
 
-
 def _next_database(url: str) -> str:
     """REDIS_URL's next database number (redis://host:6379/0 -> /1; unix://path?db=0 -> db=1)."""
     parts = urlsplit(url)
@@ -214,7 +213,7 @@ REST_FRAMEWORK = {
         # creates, updates, deletes and actions per user (per address when anonymous); reads are not limited
         "write": env_rate("API_THROTTLE_WRITE_RATE", "600/minute"),
     },
-    # the client address behind this many proxies (X-Forwarded-For); None: REMOTE_ADDR
+    # the client address behind this many proxies (X-Forwarded-For); 0: REMOTE_ADDR
     "NUM_PROXIES": env_int("API_NUM_PROXIES", 0, minimum=0),
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }

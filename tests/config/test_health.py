@@ -134,8 +134,10 @@ def test_readiness_names_a_migration_not_applied(client, settings):
 
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
-def test_the_tick_worker_keeps_readiness_while_a_long_turn_holds_the_turn_worker(client, tmp_path):
+def test_the_tick_worker_keeps_readiness_while_a_long_turn_holds_the_turn_worker(client, tmp_path, settings):
     """The tick has a queue and a worker of its own: a turn worker busy for a minute does not delay it."""
+    settings.HEALTH_WORKER_MAX_AGE_SECONDS = 3  # a probe pings every second, each waiting up to 5 s for answers
+    settings.HEALTH_WORKER_PING_TIMEOUT = 5
     parts = urlsplit(os.environ["DATABASE_URL"])
     env = {**os.environ, "DATABASE_URL": urlunsplit(parts._replace(path="/" + connection.settings_dict["NAME"])),
            "DURABLE_WORKFLOW_MODULES": "tests.durable.workflows"}
@@ -150,9 +152,9 @@ def test_the_tick_worker_keeps_readiness_while_a_long_turn_holds_the_turn_worker
         assert _eventually(lambda: trace.exists() and "start:0" in trace.read_text())  # the turn holds its worker
         run_tick.delay()  # what beat sends every second
         assert _eventually(lambda: tick.last_tick_at() is not None)
-        response = client.get("/healthz/ready")
-        assert response.status_code == 200, response.json()
-        body = response.json()
+        ready = _eventually(lambda: client.get("/healthz/ready").status_code == 200)
+        assert ready, client.get("/healthz/ready").json()
+        body = client.get("/healthz/ready").json()
         assert body["status"] == "ok" and body["failing"] == []
         assert {name.split("@")[0] for name in body["workers"]["workers"]} == {"turns", "tick"}
         assert "end" not in Path(trace).read_text()  # the turn was still running all along
