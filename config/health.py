@@ -3,8 +3,9 @@
 Celery worker answered a ping lately), shared by the views and the supervisor.
 
 Every probe answers within a few seconds whatever is down: Redis and the cache time out after a second,
-a worker ping waits HEALTH_WORKER_PING_TIMEOUT and is sent at most every third of
-HEALTH_WORKER_MAX_AGE_SECONDS by all web processes together (its answer is kept in the cache)."""
+a worker ping waits HEALTH_WORKER_PING_TIMEOUT (and up to a second more to close its connection) and
+is sent at most every third of HEALTH_WORKER_MAX_AGE_SECONDS by all web processes together (its answer is
+kept in the cache)."""
 
 from __future__ import annotations
 
@@ -81,7 +82,14 @@ def tick_health() -> dict:
 def _ping_workers() -> None:
     from config.celery import app
 
-    replies = app.control.ping(timeout=settings.HEALTH_WORKER_PING_TIMEOUT)
+    # On a connection of its own, closed before the probe answers: waiting for the answers leaves a BRPOP
+    # outstanding on the connection. Back in the app's pool, a process forked later (a multiprocessing pool,
+    # Celery's prefork) would read its reply as kombu's after-fork hook closes the pool in the child, on the
+    # socket shared with this process and without a timeout: one child takes the reply, the next hangs.
+    # Closing reads the reply here, within the BRPOP's 1 s on the server (bounded by socket_timeout).
+    options = {"socket_connect_timeout": 1, "socket_timeout": 2}
+    with app.connection_for_write(transport_options=options) as connection:
+        replies = app.control.ping(timeout=settings.HEALTH_WORKER_PING_TIMEOUT, connection=connection)
     if replies:
         cache.set(WORKERS_ANSWER_KEY, {"at": clock(), "workers": sorted(name for reply in replies for name in reply)},
                   timeout=None)

@@ -132,6 +132,24 @@ def test_readiness_names_a_migration_not_applied(client, settings):
     assert body["migrations"] == f"error: 1 not applied: durable.{latest}"
 
 
+
+def test_processes_forked_after_a_readiness_probe_pinged_the_workers_start(client, settings):
+    """The probe's ping leaves nothing of the broker in this process that a forked child would take over
+    (a `multiprocessing` pool, Celery's prefork): each child starts and ends."""
+    import multiprocessing
+
+    settings.HEALTH_WORKER_PING_TIMEOUT = 0.2
+    assert client.get("/healthz/ready").json()["workers"]["status"] == "no worker answered a ping"
+    children = [multiprocessing.get_context("fork").Process(target=time.sleep, args=(0,)) for _ in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(timeout=30)
+    hung = [child.pid for child in children if child.exitcode is None]
+    for child in children:
+        child.kill()
+    assert hung == [] and [child.exitcode for child in children] == [0, 0]
+
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
 def test_the_tick_worker_keeps_readiness_while_a_long_turn_holds_the_turn_worker(client, tmp_path, settings):
