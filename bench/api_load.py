@@ -106,7 +106,7 @@ def start_installation(args, env: dict, logdir: Path) -> list[subprocess.Popen]:
     commands = {
         "web": gunicorn_command(python, "127.0.0.1", args.port, workers=args.web_workers, threads=args.web_threads),
         "worker": [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "WARNING", "--concurrency",
-                   str(args.celery_concurrency), "-Q", "celery,turns,steps,llm,ingest", "--hostname",
+                   str(args.celery_concurrency), "-Q", "celery,turns,steps,llm,ingest,tick", "--hostname",
                    "apiload@%h"],
         "beat": [python, "-m", "celery", "-A", "config", "beat", "--loglevel", "WARNING", "--schedule",
                  str(logdir / "celerybeat-schedule")],
@@ -276,7 +276,9 @@ def _run(args) -> int:
 
     env = {**os.environ, "DATABASE_URL": bench_url, "REDIS_URL": _redis_url(), "DEBUG": "false",
            "ALLOWED_HOSTS": "127.0.0.1", "SECURE_SSL_REDIRECT": "false", "LOG_LEVEL": "WARNING",
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "CACHE_URL": _redis_url(),
+           # one member's writes are the benchmark's load, not abuse
+           "API_THROTTLE_WRITE_RATE": "off"}
     env.setdefault("SECRET_KEY", "api-load-benchmark-only")
     celery_processes = args.celery_concurrency + 1  # the prefork parent and its children
     bound = (args.web_workers + celery_processes + 1) * pool_max if pool_max else None

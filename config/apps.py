@@ -9,6 +9,7 @@ class ConfigAppConfig(AppConfig):
     verbose_name = "Lineage"
 
     def ready(self):
+        from config import checks  # noqa: F401 (registers the start-up checks)
         from config.database import register_fork_safety
 
         register_fork_safety()

@@ -5,6 +5,8 @@ import os
 from celery import Celery
 from celery.signals import task_postrun, task_prerun, worker_init
 
+from config.logging import bind_task, unbind_task
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("lineage")
@@ -23,6 +25,11 @@ def _give_back_connections(sender=None, **kwargs):
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+# every log line of a task says which task (config/logging.py)
+task_prerun.connect(bind_task)
+task_postrun.connect(unbind_task)
 
 # Each entry: what it does and why it runs at that pace.
 app.conf.beat_schedule = {

@@ -8,6 +8,7 @@ instead of surfacing later as a confusing error deep inside a library.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -74,6 +75,31 @@ def env_float(name: str, default: float = _MISSING, *, minimum: float | None = N
         return value
 
     return _parse(name, default, parse, "a number")
+
+
+def env_choice(name: str, default: str = _MISSING, *, choices: tuple[str, ...]) -> str:
+    def parse(raw: str) -> str:
+        if raw not in choices:
+            raise ValueError(f"use one of {', '.join(choices)}")
+        return raw
+
+    return _parse(name, default, parse, f"one of {', '.join(choices)}")
+
+
+_RATE = re.compile(r"[0-9]+/(s|sec|second|m|min|minute|h|hour|d|day)")
+
+
+def env_rate(name: str, default: str | None = _MISSING) -> str | None:
+    """A rate limit "N/period" (period: second, minute, hour or day, as Django REST framework reads it);
+    "off" for none (None)."""
+    def parse(raw: str) -> str | None:
+        if raw.lower() == "off":
+            return None
+        if not _RATE.fullmatch(raw):
+            raise ValueError('write "N/second", "N/minute", "N/hour" or "N/day", or "off"')
+        return raw
+
+    return _parse(name, default, parse, 'a rate such as "10/minute"')
 
 
 def env_list(name: str, default: list[str] = _MISSING) -> list[str]:

@@ -331,16 +331,28 @@ def gunicorn_command(python: str, host: str, port: int, *, workers: int, threads
             "--access-logfile", "-"]
 
 
-def connection_budget(*, web_workers: int, celery_processes: int, llm_processes: int = 0) -> str:
+def connection_budget(*, web_workers: int, celery_processes: int, llm_processes: int = 0,
+                      tick_processes: int = 0) -> str:
     """The most Postgres connections web, workers and beat can hold: one pool per process (an llm worker
     is one process, whatever its threads)."""
     pool = int(os.environ.get("DATABASE_POOL_MAX_SIZE") or 4)
     if pool == 0:
         return "Postgres connections: no pool (DATABASE_POOL_MAX_SIZE=0), one per thread"
-    total = (web_workers + celery_processes + llm_processes + 1) * pool
+    total = (web_workers + celery_processes + llm_processes + tick_processes + 1) * pool
     llm = f" + {llm_processes} llm worker" if llm_processes else ""
-    return (f"Postgres connections: at most {total} ({web_workers} web + {celery_processes} Celery{llm} + 1 beat "
-            f"processes x a pool of {pool})")
+    tick = f" + {tick_processes} tick worker" if tick_processes else ""
+    return (f"Postgres connections: at most {total} ({web_workers} web + {celery_processes} Celery{llm}{tick} "
+            f"+ 1 beat processes x a pool of {pool})")
+
+
+TICK_WORKER_PROCESSES = 2  # prefork's parent and its one child
+
+
+def tick_worker_command(python: str, *, queue: str = "tick", hostname: str = "tick@%h") -> list[str]:
+    """The worker of the engine's tick alone: one prefork child (a pool that enforces the tick's time
+    limit), so long turns on the other worker never delay timers, leases and retries."""
+    return [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO", "-Q", queue, "--pool", "prefork",
+            "--concurrency", "1", "--hostname", hostname]
 
 
 def llm_worker_command(python: str, *, in_flight: int, queue: str = "llm", hostname: str = "llm@%h") -> list[str]:
@@ -402,17 +414,18 @@ def command_run(args: argparse.Namespace) -> int:
         # web side can hold are bounded (each process's pool, DATABASE_POOL_MAX_SIZE) whatever the traffic
         supervisor.spawn("web", gunicorn_command(python, host, port, workers=args.web_workers,
                                                  threads=args.web_threads), env)
-        # turns, steps and the tick on prefork processes; model calls on a worker of their own, so a slow
-        # provider never holds a turn worker nor delays the tick
+        # turns and steps on prefork processes; model calls on a worker of their own, so a slow provider never
+        # holds a turn worker; the tick on a worker of its own, so long turns never delay it
         supervisor.spawn("worker", [python, "-m", "celery", "-A", "config", "worker", "--loglevel", "INFO",
                                     "--concurrency", str(args.concurrency), "-Q", args.queues,
                                     "--hostname", "worker@%h"], env)
         supervisor.spawn("llm-worker", llm_worker_command(python, in_flight=args.llm_in_flight,
                                                                  queue=env_str("LLM_QUEUE", "llm")), env)
+        supervisor.spawn("tick-worker", tick_worker_command(python, queue=env_str("DURABLE_TICK_QUEUE", "tick")), env)
         supervisor.spawn("beat", [python, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO",
                                   "--schedule", str(supervisor.data_dir / "celerybeat-schedule")], env)
         _say(connection_budget(web_workers=args.web_workers, celery_processes=args.concurrency + 1,
-                               llm_processes=1))
+                               llm_processes=1, tick_processes=TICK_WORKER_PROCESSES))
         _say(f"Model calls: up to {args.llm_in_flight} in flight on the llm worker (LLM_MAX_IN_FLIGHT)")
         time.sleep(1.0)
         _say(f"Admin:     http://{host}:{port}/admin/")

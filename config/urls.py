@@ -3,7 +3,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from config.views import healthz
+from config.views import healthz, healthz_live, healthz_ready
 from workspaces.api.routers import api_root_view
 
 api_patterns = [
@@ -19,6 +19,8 @@ api_patterns.append(path("", api_root_view(), name="api-root"))  # after the inc
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="admin:index"), name="home"),
     path("healthz", healthz, name="healthz"),
+    path("healthz/live", healthz_live, name="healthz-live"),
+    path("healthz/ready", healthz_ready, name="healthz-ready"),
     path("admin/", admin.site.urls),
     path("api/", include(api_patterns)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),

@@ -29,20 +29,33 @@ def delete_runs(run_ids: list[str]) -> int:
     return store.runs_delete(run_ids, chunk=CHUNK)
 
 
-def _validate(policy: dict) -> tuple[list[str], float | None, int | None, str | None]:
-    statuses = list(policy.get("statuses") or [])
-    bad = [status for status in statuses if status not in DurableRun.Status.TERMINAL]
-    if not statuses or bad:
-        raise ImproperlyConfigured(f"retention policy {policy!r}: statuses must be terminal ({', '.join(TERMINAL)})")
-    age = policy.get("max_age_days")
-    count = policy.get("max_count")
+POLICY_KEYS = ("statuses", "max_age_days", "max_count", "workflow")
+
+
+def policy_validate(policy) -> tuple[list[str], int | None, int | None, str | None]:
+    """A policy's statuses, age, count and workflow; ImproperlyConfigured naming the field that is wrong
+    (the start-up check of config/checks.py runs it on every configured policy)."""
+    if not isinstance(policy, dict) or set(policy) - set(POLICY_KEYS):
+        raise ImproperlyConfigured(f"a policy is an object with the keys {', '.join(POLICY_KEYS)} only")
+    statuses = policy.get("statuses")
+    if not isinstance(statuses, list) or not statuses or any(status not in DurableRun.Status.TERMINAL
+                                                            for status in statuses):
+        raise ImproperlyConfigured(f"statuses must be a list of terminal statuses ({', '.join(TERMINAL)}), "
+                                   f"got {statuses!r}")
+    age, count = policy.get("max_age_days"), policy.get("max_count")
     if age is None and count is None:
-        raise ImproperlyConfigured(f"retention policy {policy!r} needs max_age_days and/or max_count")
-    return statuses, age, count, policy.get("workflow")
+        raise ImproperlyConfigured("max_age_days and/or max_count is required")
+    for name, value in (("max_age_days", age), ("max_count", count)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ImproperlyConfigured(f"{name} must be a whole number of at least 0, got {value!r}")
+    workflow = policy.get("workflow")
+    if workflow is not None and not (isinstance(workflow, str) and workflow):
+        raise ImproperlyConfigured(f"workflow must be a workflow's name, got {workflow!r}")
+    return statuses, age, count, workflow
 
 
 def apply_policy(policy: dict, *, max_chunks: int = 20) -> int:
-    statuses, age, count, workflow = _validate(policy)
+    statuses, age, count, workflow = policy_validate(policy)
     deleted = 0
     for _ in range(max_chunks):
         conditions, params = ["status = ANY(%s)"], [statuses]

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 
 from django.db import DatabaseError, OperationalError, connection
 
+from config.logging import log_context
 from durable import store
 from durable.codec import decode, encode
 from durable.context import backoff_delay, error_payload, now
@@ -100,6 +101,11 @@ def execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
     Claims are compare-and-set (pending -> running, attempt + 1) and settles are conditional on
     the checkpoint's id and attempt, so a redelivered message, a second worker or a retry of the
     run can never have a result settled twice or into the wrong attempt."""
+    with log_context(run_id=run_id):
+        return _execute_steps(run_id, seqs)
+
+
+def _execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
     default_timeout = durable_settings().step_default_timeout
     claimed = store.steps_claim(run_id, seqs, default_timeout)
     if not claimed:

@@ -17,6 +17,7 @@ from typing import NoReturn
 import psycopg
 from django.db import DatabaseError, connection
 
+from config.logging import log_context
 from durable import store
 from durable.codec import decode, encode
 from durable.context import REPLAY_SQL, Context, _Checkpoint, error_payload
@@ -68,8 +69,9 @@ def execute_turn(run_id: str) -> TurnResult:
     workflow_name, input_text, namespace, priority, tags, turns, parent_id, epoch, fence = claimed
     lease_keeper.hold(run_id, token)
     try:
-        return _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority, tags, turns,
-                     bool(parent_id), epoch, fence)
+        with log_context(run_id=run_id, namespace=namespace):
+            return _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority, tags, turns,
+                         bool(parent_id), epoch, fence)
     except (DatabaseError, psycopg.Error, EngineWriteFailed) as exc:
         cause = exc.cause if isinstance(exc, EngineWriteFailed) else exc
         _interrupted(run_id, token, cause)

@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from tests.factories import MembershipFactory, UserFactory, WorkspaceFactory
@@ -24,6 +25,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(
             "NOTICE: browser tests were skipped because Debian's chromium is not installed.", yellow=True
         )
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache():
+    """Each test starts with an empty cache (the API's throttle counts, the tick heartbeat, worker pings):
+    every test client comes from 127.0.0.1, so counts would carry over from one test to the next."""
+    cache.clear()
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ import json
 from collections import deque
 from decimal import Decimal
 
+from config.logging import log_context_update
 from durable import workflow
 from durable.engine import Child, StepFailed
 from llm.chat import ChatResponse, UnknownModel, resolve_model, structured_output_format
@@ -78,6 +79,7 @@ def begin_row(ctx, begin, fail, row_id: int) -> dict:
 def invoke(ctx, input: dict) -> dict:
     """Run a workflow invocation. Input: {"invocation_id": int}."""
     invocation_id = int(input["invocation_id"])
+    log_context_update(invocation_id=invocation_id)
     plan = begin_row(ctx, execution.invocation_begin, execution.invocation_fail, invocation_id)
     if "ended" in plan:
         return {"status": plan["ended"]}
@@ -94,6 +96,7 @@ def invoke(ctx, input: dict) -> dict:
 def run_branch(ctx, input: dict) -> dict:
     """One node of a parallel hand-off, run as a child of the invocation's run. Input: {"plan",
     "node_id", "seq", "inbox", "spent"}; output: the node's result (see NodeRun.run)."""
+    log_context_update(invocation_id=input["plan"]["invocation_id"])
     budget = Decimal(input["budget"]) if "budget" in input else None
     return NodeRun(ctx, input["plan"], Decimal(input["spent"]), usd_budget=budget).run(
         input["node_id"], input["seq"], input["inbox"])

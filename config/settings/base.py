@@ -1,10 +1,11 @@
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_float, env_int, env_list, env_str, env_url
+from config.env import env_bool, env_choice, env_float, env_int, env_list, env_rate, env_str, env_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 DATA_DIR = Path(env_str("LINEAGE_DATA_DIR", str(BASE_DIR / ".data")))
@@ -154,6 +155,38 @@ if REDIS_URL is None:
         "otherwise set REDIS_URL=redis://host:6379/0."
     )
 
+
+def _next_database(url: str) -> str:
+    """REDIS_URL's next database number (redis://host:6379/0 -> /1; unix://path?db=0 -> db=1)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = dict(parse_qsl(parts.query))
+        query["db"] = str(int(query.get("db") or 0) + 1)
+        return urlunsplit(parts._replace(query=urlencode(query)))
+    return urlunsplit(parts._replace(path=f"/{int(parts.path.strip('/') or 0) + 1}"))
+
+
+# Django's cache (the API's throttle counts, the engine's tick heartbeat, the health probe's last worker
+# ping): shared by every process, so on Redis; in a database of its own (by default REDIS_URL's next one),
+# so clearing it (cache.clear() is FLUSHDB) never drops Celery's queued messages.
+CACHE_URL = env_url("CACHE_URL", _next_database(REDIS_URL), schemes=("redis", "rediss", "unix"))
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": CACHE_URL,
+        "KEY_PREFIX": "lineage",
+        # a Redis that stops answering costs a request a second at most, never a hung worker
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+    }
+}
+
+# /healthz/ready is degraded (503) when the engine's last tick is older than this (beat sends one a
+# second), or when no Celery worker has answered a ping for this long (probes ping at most every third of
+# it, across all web processes, waiting HEALTH_WORKER_PING_TIMEOUT for answers)
+HEALTH_TICK_MAX_AGE_SECONDS = env_float("HEALTH_TICK_MAX_AGE_SECONDS", 30.0, minimum=2.0)
+HEALTH_WORKER_MAX_AGE_SECONDS = env_float("HEALTH_WORKER_MAX_AGE_SECONDS", 60.0, minimum=3.0)
+HEALTH_WORKER_PING_TIMEOUT = env_float("HEALTH_WORKER_PING_TIMEOUT", 1.0, minimum=0.05)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # the token class first, so an unauthenticated request gets 401 with a WWW-Authenticate header
@@ -172,7 +205,17 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "workspaces.api.errors.exception_handler",
-    "DEFAULT_THROTTLE_RATES": {},
+    # rate limits, counted in the cache (Redis: shared by every web process); past one a client gets 429
+    # with Retry-After in the API's error body (workspaces/api/throttles.py)
+    "DEFAULT_THROTTLE_CLASSES": ["workspaces.api.throttles.WriteRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        # POST /api/auth/token/ per client address, whatever the outcome: password guessing is slowed down
+        "login": env_rate("API_THROTTLE_LOGIN_RATE", "10/minute"),
+        # creates, updates, deletes and actions per user (per address when anonymous); reads are not limited
+        "write": env_rate("API_THROTTLE_WRITE_RATE", "600/minute"),
+    },
+    # the client address behind this many proxies (X-Forwarded-For); 0: REMOTE_ADDR
+    "NUM_PROXIES": env_int("API_NUM_PROXIES", 0, minimum=0),
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 
@@ -217,14 +260,20 @@ if not DEBUG:
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+    SECURE_REDIRECT_EXEMPT = [r"^healthz(/live|/ready)?$"]
 
+# "plain" (`make run`'s terminal) or "json": one JSON object a line with the run, invocation, workspace and
+# Celery task it comes from (config/logging.py), for a log pipeline (Loki, Elasticsearch, CloudWatch)
+LOG_FORMAT = env_choice("LOG_FORMAT", "plain", choices=("plain", "json"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"quiet_periodic_tasks": {"()": "config.logging.QuietPeriodicTasks"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+                   "json": {"()": "config.logging.JsonFormatter"}},
+    "filters": {"quiet_periodic_tasks": {"()": "config.logging.QuietPeriodicTasks"},
+                "log_context": {"()": "config.logging.LogContextFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT,
+                             "filters": ["log_context"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},

@@ -29,12 +29,16 @@ def test_vector_operators_work_at_real_widths_on_this_cpu():
 
 
 def test_make_runs_connection_budget_counts_the_llm_worker_and_stays_under_the_embedded_servers_100(monkeypatch):
-    from config.services import connection_budget, llm_worker_command
+    from config.services import TICK_WORKER_PROCESSES, connection_budget, llm_worker_command, tick_worker_command
 
     monkeypatch.delenv("DATABASE_POOL_MAX_SIZE", raising=False)
-    budget = connection_budget(web_workers=2, celery_processes=3, llm_processes=1)
-    assert budget == ("Postgres connections: at most 28 (2 web + 3 Celery + 1 llm worker + 1 beat processes x "
-                      "a pool of 4)")
+    budget = connection_budget(web_workers=2, celery_processes=3, llm_processes=1, tick_processes=TICK_WORKER_PROCESSES)
+    assert budget == ("Postgres connections: at most 36 (2 web + 3 Celery + 1 llm worker + 2 tick worker + 1 beat "
+                      "processes x a pool of 4)")
+    # the tick's worker: one prefork child (time limits need prefork), its own queue only
+    tick = tick_worker_command("python")
+    assert tick[tick.index("-Q") + 1] == "tick" and tick[tick.index("--concurrency") + 1] == "1"
+    assert tick[tick.index("--pool") + 1] == "prefork"
     # one process whatever its threads: 64 calls in flight share that process's one pool
     command = llm_worker_command("python", in_flight=64)
     assert command[command.index("--pool") + 1] == "threads" and command[command.index("--concurrency") + 1] == "64"

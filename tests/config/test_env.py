@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 from config import env
@@ -77,7 +78,7 @@ def test_production_requires_a_secret_key():
 
 def test_production_settings_pass_check_deploy():
     environment = {**os.environ, "DEBUG": "false", "SECRET_KEY": "x" * 20 + "-production-secret-key-0123456789abcdef",
-                   "ALLOWED_HOSTS": "lineage.example.com"}
+                   "ALLOWED_HOSTS": "lineage.example.com", "FIELD_ENCRYPTION_KEYS": Fernet.generate_key().decode()}
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=BASE_DIR,
         env=environment, capture_output=True, text=True, timeout=60,

@@ -1,5 +1,6 @@
 """Workflows the durable tests run (imported by test workers through DURABLE_WORKFLOW_MODULES)."""
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -60,6 +61,18 @@ def sequence(ctx, input):
     for index in range(input.get("steps", 3)):
         total = ctx.step(f"add-{index}", add, total, index)
     return {"total": total}
+
+
+def log_line(message):
+    logging.getLogger("tests.workflows").warning("step says %s", message)
+    return message
+
+
+@workflow("tests.logging")
+def logging_workflow(ctx, input):
+    """A line from the turn and one from a queued step (a worker's logs name the run of each)."""
+    logging.getLogger("tests.workflows").warning("turn says %s", input["message"])
+    return ctx.step("log", log_line, input["message"], queue="steps")
 
 
 @workflow("tests.queued")

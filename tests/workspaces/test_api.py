@@ -4,6 +4,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from tests.api.schema import assert_error_shape
 from tests.factories import MembershipFactory, UserFactory, WorkspaceFactory
 from workspaces.models import Membership, Workspace
 
@@ -149,6 +150,34 @@ def test_wrong_password_gets_no_token(api, owner):
     response = api.post("/api/auth/token/", {"username": "owner", "password": "wrong"})
     assert response.status_code == 400
     assert "Unable to log in" in response.json()["error"]["message"]
+
+
+def test_password_guessing_on_the_token_endpoint_gets_429_with_retry_after(api, owner, settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {
+        **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "login": "3/minute"}}
+    for _ in range(3):
+        assert api.post("/api/auth/token/", {"username": "owner", "password": "wrong"}).status_code == 400
+    response = api.post("/api/auth/token/", {"username": "owner", "password": "correct horse battery staple"})
+    error = assert_error_shape(response, status=429)
+    assert error["code"] == "throttled" and "throttled" in error["message"]
+    assert 0 < int(response["Retry-After"]) <= 60
+    # another address is counted apart
+    other = api.post("/api/auth/token/", {"username": "owner", "password": "correct horse battery staple"},
+                     REMOTE_ADDR="192.0.2.7")
+    assert other.status_code == 200
+
+
+def test_writes_are_limited_per_user_and_reads_are_not(api_as, owner, member, workspace, settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {
+        **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "write": "2/hour"}}
+    client = api_as(owner)
+    for index in range(2):
+        assert client.post("/api/workspaces/", {"name": f"W{index}", "slug": f"w-{index}"}).status_code == 201
+    response = client.post("/api/workspaces/", {"name": "W2", "slug": "w-2"})
+    assert_error_shape(response, status=429)
+    assert int(response["Retry-After"]) > 60
+    assert client.get("/api/workspaces/").status_code == 200
+    assert api_as(member).post("/api/workspaces/", {"name": "M", "slug": "m"}).status_code == 201
 
 
 def test_openapi_schema_and_docs(api_as, owner):

@@ -6,12 +6,15 @@ from rest_framework import serializers
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.permissions import AllowAny
 
+from workspaces.api.throttles import LoginRateThrottle
+
 
 class TokenLoginView(LoginView):
     """POST username and password; answers a new token (shown once) and its expiry."""
 
     authentication_classes = ()
     permission_classes = (AllowAny,)
+    throttle_classes = (LoginRateThrottle,)  # per address, whatever the password's outcome
 
     @extend_schema(
         request=AuthTokenSerializer,
