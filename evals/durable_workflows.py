@@ -21,8 +21,10 @@ import contextlib
 from decimal import Decimal
 
 from durable import Child, ChildFailed, StepFailed, workflow
+from durable.owners import RunRefused, begin_row, fail_row
 from evals import execution
-from workflows.durable_workflows import INVOKE_WORKFLOW, RunRefused, begin_row, describe, model_call_options
+from evals.models import EvalRun
+from workflows.durable_workflows import INVOKE_WORKFLOW, model_call_options
 
 EVAL_WORKFLOW = "evals.run"
 LANE_WORKFLOW = "evals.lane"
@@ -36,7 +38,7 @@ class BudgetSpent(Exception):
 def eval_run(ctx, input: dict) -> dict:
     """Input: {"eval_run_id": int}."""
     eval_run_id = int(input["eval_run_id"])
-    plan = begin_row(ctx, execution.eval_begin, execution.eval_fail, eval_run_id)
+    plan = begin_row(ctx, EvalRun, eval_run_id)
     if "ended" in plan:
         return {"status": plan["ended"]}
     try:
@@ -55,7 +57,7 @@ def eval_run(ctx, input: dict) -> dict:
             raise BudgetSpent(spent[0])
         summary = ctx.transaction("finish", execution.eval_finish, eval_run_id)
     except Exception as exc:
-        ctx.step("fail", execution.eval_fail, eval_run_id, describe(exc))
+        fail_row(ctx, EvalRun, eval_run_id, exc)
         raise
     return summary
 
