@@ -8,6 +8,6 @@ from evals.models import EvalRun
 
 @shared_task(name="evals.reconcile", ignore_result=True)
 def reconcile() -> int:
-    """Beat, every 30 s: eval runs whose durable run ended without them take its end
-    (durable.owners.reconcile). Safe to race (each end is conditional)."""
+    """No longer on the beat (durable.reconcile covers every owner): kept so a message the beat sent
+    before it changed still runs, the eval runs' part of the reconcile. Safe to race."""
     return owners.reconcile(of=[EvalRun])[EvalRun._meta.label]

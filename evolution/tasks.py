@@ -8,6 +8,6 @@ from evolution.models import EvolutionRun
 
 @shared_task(name="evolution.reconcile", ignore_result=True)
 def reconcile() -> int:
-    """Beat, every 30 s: evolution runs whose durable run ended without them take its end
-    (durable.owners.reconcile). Safe to race (each end is conditional)."""
+    """No longer on the beat (durable.reconcile covers every owner): kept so a message the beat sent
+    before it changed still runs, the evolution runs' part of the reconcile. Safe to race."""
     return owners.reconcile(of=[EvolutionRun])[EvolutionRun._meta.label]

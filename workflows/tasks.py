@@ -8,6 +8,6 @@ from workflows.models import WorkflowInvocation
 
 @shared_task(name="workflows.reconcile", ignore_result=True)
 def reconcile() -> int:
-    """Beat, every 30 s: invocations whose durable run ended without them take its end
-    (durable.owners.reconcile). Safe to race (each end is conditional)."""
+    """No longer on the beat (durable.reconcile covers every owner): kept so a message the beat sent
+    before it changed still runs, the invocations' part of the reconcile. Safe to race."""
     return owners.reconcile(of=[WorkflowInvocation])[WorkflowInvocation._meta.label]

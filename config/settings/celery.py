@@ -39,4 +39,5 @@ CELERY_BROKER_TRANSPORT_OPTIONS["sep"] = ":"
 CELERY_TASK_ROUTES = {
     "durable.tick": {"queue": "celery"},
     "durable.retention": {"queue": "celery"},
+    "durable.reconcile": {"queue": "celery"},
 }

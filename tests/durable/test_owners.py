@@ -1,12 +1,12 @@
 """Rows a durable run drives (durable.owners), through each app's owner: the guards of begin and the
-reconcile."""
+one reconcile the beat runs for all of them."""
 
 import json
 
 import pytest
 
 from durable.inprocess import run_until_settled
-from durable.services import run_start
+from durable.services import run_cancel, run_start
 from tests.evals.conftest import support_set  # noqa: F401  (shared fixture)
 from tests.workflows.conftest import graph, node
 
@@ -59,6 +59,31 @@ def test_begin_refuses_a_row_of_another_workspace_or_driven_by_another_run_and_l
     assert ended.status == "completed" and json.loads(ended.output) == {"status": "cancelled"}
     row.refresh_from_db()
     assert (row.status, row.error, row.started_at) == ("cancelled", "stopped by hand", None)
+
+
+def test_one_beat_entry_ends_the_rows_of_every_owner_whose_run_ended(start_row):
+    from config.celery import app
+
+    reconciles = [entry["task"] for entry in app.conf.beat_schedule.values() if "reconcile" in entry["task"]]
+    assert reconciles == ["durable.reconcile"]
+    app.loader.import_default_modules()  # what a worker does at start: the apps' task modules
+    # the names the beat sent before still run, for a message queued then
+    assert {"workflows.reconcile", "evals.reconcile", "evolution.reconcile"} <= set(app.tasks)
+
+    ended = {label: start_row(label)[0] for label in OWNERS}
+    active = {label: start_row(label)[0] for label in OWNERS}
+    for row in ended.values():
+        run_cancel(run_id=row.durable_run_id, reason="from the durable admin")
+
+    assert app.tasks[reconciles[0]]() == {label: 1 for label in OWNERS}
+    for row in ended.values():
+        row.refresh_from_db()
+        assert row.status == "cancelled" and f"its durable run {row.durable_run_id} was cancelled" in row.error
+        assert row.ended_at is not None
+    for row in active.values():
+        row.refresh_from_db()
+        assert row.status == "queued" and not row.ended_at
+    assert app.tasks[reconciles[0]]() == {label: 0 for label in OWNERS}
 
 
 def test_the_reconcile_reads_each_owners_active_rows_through_its_index(start_row):
