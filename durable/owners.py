@@ -70,7 +70,8 @@ class RunRefused(Exception):
 @dataclass
 class Owner:
     """A registered owner: `plan(row)` runs in begin's transaction, the row locked and marked running,
-    and returns the run's plan (a JSON object); `on_end(row_id, error)` runs in fail's."""
+    and returns the run's plan (a JSON object); `on_end(row_id, error)` runs in fail's. Both may run
+    twice for one step (a crash between their commit and its checkpoint), so both are idempotent."""
 
     model: type[RunOwner]
     noun: str
@@ -122,8 +123,9 @@ def begin(model: type[RunOwner], row_id: int, namespace: str, run_id: str) -> di
     nothing written (another workspace's row, or one another run drives), {"ended": status} for a
     row that already ended, else the row marked running and driven by `run_id`, and its owner's plan.
     A row created without a run (a child's row, written by its parent) takes the first run that
-    begins it. One transaction: a crash before its commit leaves the row as it was, and the step
-    runs again in the next turn."""
+    begins it. One transaction: a crash before its commit leaves the row as it was; a crash after it,
+    before the step's checkpoint, runs the step again in the next turn, which finds the row naming
+    this run and begins it the same way (so a plan must be idempotent)."""
     owner = owner_of(model)
     with transaction.atomic():
         row = model.objects.select_for_update().filter(pk=row_id).first()
@@ -146,7 +148,9 @@ def fail(model: type[RunOwner], row_id: int, error: str, status: str = "failed",
     `namespace`, only a row of that namespace's workspace is touched. The owner's on-end hook runs
     in the same transaction, whether or not the row was still active (a retried run may have opened
     work of its own after the row's first end, and it ends with it). A crash before the commit leaves
-    the row active: the step runs again, or the reconcile ends it once its run has ended."""
+    the row active: the step runs again, or the reconcile ends it once its run has ended; a crash
+    after it runs the step again, which finds the row ended and runs the hook again (so a hook must
+    be idempotent)."""
     if status not in model.TERMINAL - {"completed"}:
         raise ValueError(f"a row fails as failed or cancelled, not {status!r}")
     owner = owner_of(model)
