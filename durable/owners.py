@@ -4,13 +4,15 @@ in the engine's tables.
 
 Such a model subclasses ``RunOwner`` and is registered (``register``, from its app's
 ``AppConfig.ready``) with its plan, what its run needs to start, and an optional on-end hook. Its
-workflow begins with ``begin_row`` and ends a failure with ``fail_row``; everything else about the
-row's life is here, once for every owner:
+workflow begins with ``begin_row`` (a child run sharing the row's work with ``join_row``) and ends a
+failure with ``fail_row``; everything else about the row's life is here, once for every owner:
 
 - ``begin`` refuses a row of another workspace than the run's namespace, or one another run drives,
   without a write; answers {"ended": status} for a row that already ended; otherwise marks the row
   running (queued becomes running, any other active status stays), names the run, and returns the
   owner's plan, all under the row's lock.
+- ``join`` refuses a run that would work for a row as a child of the run driving it (an eval run's
+  lanes) unless it is one, of the row's workspace's namespace; it writes nothing.
 - ``fail`` ends a row that has not ended yet (failed or cancelled, with the error) and runs the
   owner's on-end hook in the same transaction.
 - ``reconcile`` (beat, ``durable.reconcile``) ends the rows whose run ended without them: cancelled
@@ -143,6 +145,21 @@ def begin(model: type[RunOwner], row_id: int, namespace: str, run_id: str) -> di
         return owner.plan(row)
 
 
+def join(model: type[RunOwner], row_id: int, namespace: str, run_id: str) -> str:
+    """The `begin` step of run `run_id` (of `namespace`) working for row `row_id` as a child of the
+    run that drives it: why it may not ("" when it may): another workspace's row, or one whose run
+    is not its parent. Writes nothing, so a crash anywhere leaves nothing; the row's run is named
+    once by its begin and never changes, so the answer holds for the child's life."""
+    owner = owner_of(model)
+    row = model.objects.filter(pk=row_id).values("workspace_id", "durable_run_id").first()
+    if row is None or Workspace.namespace_of(row["workspace_id"]) != namespace:
+        return f"{owner.noun} {row_id} does not belong to this run's workspace"
+    driver = row["durable_run_id"]
+    if not driver or not DurableRun.objects.filter(pk=run_id, parent_id=driver).exists():
+        return f"{owner.noun} {row_id} is driven by run {driver}, of which this run is not a child"
+    return ""
+
+
 def fail(model: type[RunOwner], row_id: int, error: str, status: str = "failed", namespace: str | None = None) -> None:
     """End row `row_id` with `error` as `status` (failed or cancelled) unless it already ended; with
     `namespace`, only a row of that namespace's workspace is touched. The owner's on-end hook runs
@@ -198,6 +215,14 @@ def begin_row(ctx, model: type[RunOwner], row_id: int) -> dict:
     if "refused" in plan:
         raise RunRefused(plan["refused"])
     return plan
+
+
+def join_row(ctx, model: type[RunOwner], row_id: int) -> None:
+    """Check, as the step `begin`, that this run is a child of the run driving row `row_id` (of its
+    workspace's namespace); RunRefused when it is not."""
+    refused = ctx.step("begin", join, model, row_id, ctx.namespace, ctx.run_id)
+    if refused:
+        raise RunRefused(refused)
 
 
 def fail_row(ctx, model: type[RunOwner], row_id: int, exc: BaseException) -> None:

@@ -21,7 +21,7 @@ import contextlib
 from decimal import Decimal
 
 from durable import Child, ChildFailed, StepFailed, workflow
-from durable.owners import RunRefused, begin_row, fail_row
+from durable.owners import begin_row, fail_row, join_row
 from evals import execution
 from evals.models import EvalRun
 from workflows.durable_workflows import INVOKE_WORKFLOW, model_call_options
@@ -73,9 +73,7 @@ def eval_lane(ctx, input: dict) -> dict:
     Invokes and grades the items one after the other; stops before an item once the run's own
     budget is spent, returning {"budget_spent": why}."""
     eval_run_id, items, budget = int(input["eval_run_id"]), list(input["items"]), input.get("run_usd_budget")
-    refused = ctx.step("begin", execution.eval_lane_begin, eval_run_id, ctx.namespace, ctx.run_id)
-    if refused:
-        raise RunRefused(refused)
+    join_row(ctx, EvalRun, eval_run_id)
     for done, item in enumerate(items):
         if budget is not None:
             spent = Decimal(ctx.step(f"spent:{item}", execution.eval_spent, eval_run_id))

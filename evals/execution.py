@@ -93,17 +93,6 @@ def eval_plan(run: EvalRun) -> dict:
             "run_usd_budget": run.config.get("run_usd_budget")}
 
 
-def eval_lane_begin(eval_run_id: int, namespace: str, lane_run_id: str) -> str:
-    """Why a lane may not work for the eval run ("" when it may): a lane is a child run of the run
-    driving the eval run, in its workspace's namespace."""
-    run = EvalRun.objects.filter(pk=eval_run_id).values("workspace_id", "durable_run_id").first()
-    if run is None or Workspace.namespace_of(run["workspace_id"]) != namespace:
-        return f"eval run {eval_run_id} does not belong to this run's workspace"
-    if not run["durable_run_id"] or not lane_run_id.startswith(f"{run['durable_run_id']}/"):
-        return f"eval run {eval_run_id} is driven by run {run['durable_run_id']}, of which this run is not a lane"
-    return ""
-
-
 def usd_budget_spent(spent: Decimal, budget: Decimal) -> bool:
     """Whether `spent` used up `budget`. Nothing spent never has (so a free model runs on a zero
     budget, which then stops at the first paid call)."""

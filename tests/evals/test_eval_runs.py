@@ -333,19 +333,20 @@ def test_a_wide_eval_run_deals_its_items_to_lanes_and_replays_no_growing_history
     assert sorted(Counter(items_per_lane).values()) == [10, 10, 10, 10]
 
 
-def test_a_lane_refuses_an_eval_run_it_was_not_started_for(support_set, support_versions, workspace):
+def test_a_lane_refuses_an_eval_run_it_was_not_started_for(support_set, support_versions, workspace,
+                                                            other_workspace):
     from durable.inprocess import run_until_settled
     from durable.services import run_start
-    from workspaces.models import Workspace
 
     run = eval_run_start(golden_set=support_set, version=support_versions[0])
     item = support_set.items.first()
-    lane = run_start(workflow="evals.lane", input={"eval_run_id": run.pk, "items": [item.pk],
-                                                   "keys": {str(item.pk): "k"}},
-                     namespace=Workspace.namespace_of(workspace.pk))
-    run_until_settled(lane.id, max_wait=30)
-    lane.refresh_from_db()
-    assert lane.status == "failed" and "of which this run is not a lane" in lane.error
+    lane_input = {"eval_run_id": run.pk, "items": [item.pk], "keys": {str(item.pk): "k"}}
+    lane = run_until_settled(run_start(workflow="evals.lane", input=lane_input, namespace=workspace.namespace).id,
+                             max_wait=30)
+    assert lane.status == "failed" and "of which this run is not a child" in lane.error
+    stranger = run_until_settled(run_start(workflow="evals.lane", input=lane_input,
+                                           namespace=other_workspace.namespace).id, max_wait=30)
+    assert stranger.status == "failed" and "does not belong to this run's workspace" in stranger.error
     assert not WorkflowInvocation.objects.filter(workflow_version=support_versions[0]).exists()
     assert not GoldenResult.objects.filter(eval_run=run).exists()
 
