@@ -333,7 +333,7 @@ PHASES = [
     ("durable.context", "Context", "transaction", "ctx.transaction (its atomic block and commit)"),
     ("durable.store", "", "checkpoint_record", "checkpoint writes (every step)"),
     ("workflows.services", "", "invocation_start", "invocation_start (API side, before the run)"),
-    ("workflows.execution", "", "invocation_begin", "invocation begin"),
+    ("durable.owners", "", "begin", "invocation begin"),
     ("workflows.execution", "", "invocation_finish", "invocation finish"),
     ("workflows.execution", "", "node_start", "node_start (NodeInvocation insert, hand-off messages)"),
     ("workflows.execution", "", "llm_call", "llm_call outside chat() (request, messages insert)"),

@@ -37,10 +37,9 @@ app.conf.beat_schedule = {
     "durable-tick": {"task": "durable.tick", "schedule": 1.0, "options": {"expires": 5}},
     # retention policies and buffered-event pruning do not need to be any faster than this
     "durable-retention": {"task": "durable.retention", "schedule": 60.0, "options": {"expires": 50}},
-    # workflow invocations whose durable run was cancelled or declared dead elsewhere take its end
-    "workflows-reconcile": {"task": "workflows.reconcile", "schedule": 30.0, "options": {"expires": 25}},
-    "evals-reconcile": {"task": "evals.reconcile", "schedule": 30.0, "options": {"expires": 25}},
-    "evolution-reconcile": {"task": "evolution.reconcile", "schedule": 30.0, "options": {"expires": 25}},
+    # rows a durable run drives (invocations, eval runs, evolution runs) whose run was cancelled, declared dead
+    # or deleted elsewhere take its end: a run ends its row itself, so this is a backstop and 30 s is soon enough
+    "durable-reconcile": {"task": "durable.reconcile", "schedule": 30.0, "options": {"expires": 25}},
 }
 
 

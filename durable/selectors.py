@@ -357,7 +357,7 @@ def runs_ended_without_owner(rows: QuerySet, *, limit: int) -> list[tuple[int, s
     those whose run ended other than completed or no longer exists (cancelled from the durable admin,
     declared dead, deleted), and those no run has begun whose `parent_run` (the run that wrote the row
     for a child of its own, when the model has that column) has ended or no longer exists (cancelled
-    before its children began). The apps that keep their own status beside a run use it to take an end
+    before its children began). durable.owners.reconcile uses it to give each owner's rows the end
     their run could not write.
 
     The test is in the query, before the limit: any number of legitimately active rows cannot hide one

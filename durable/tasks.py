@@ -1,9 +1,9 @@
-"""Celery entry points of the engine: thin wrappers around durable.engine and durable.tick."""
+"""Celery entry points of the engine: thin wrappers around durable.engine, durable.tick and durable.owners."""
 
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
-from durable import engine, retention, tick
+from durable import engine, owners, retention, tick
 from durable.errors import TurnInterrupted
 
 
@@ -35,3 +35,11 @@ def run_tick() -> dict:
 def run_retention() -> dict:
     """Beat, every minute: retention policies and the buffered-event TTL. Safe to race."""
     return retention.retention_pass()
+
+
+@shared_task(name="durable.reconcile", ignore_result=True)
+def run_reconcile() -> dict:
+    """Beat, every 30 s: rows of every owner (durable.owners) whose durable run ended without them,
+    cancelled or declared dead elsewhere or deleted, take its end. Safe to race (each end is
+    conditional on the row not having ended)."""
+    return owners.reconcile()

@@ -21,8 +21,10 @@ import contextlib
 from decimal import Decimal
 
 from durable import Child, ChildFailed, StepFailed, workflow
+from durable.owners import begin_row, fail_row, join_row
 from evals import execution
-from workflows.durable_workflows import INVOKE_WORKFLOW, RunRefused, begin_row, describe, model_call_options
+from evals.models import EvalRun
+from workflows.durable_workflows import INVOKE_WORKFLOW, model_call_options
 
 EVAL_WORKFLOW = "evals.run"
 LANE_WORKFLOW = "evals.lane"
@@ -36,7 +38,7 @@ class BudgetSpent(Exception):
 def eval_run(ctx, input: dict) -> dict:
     """Input: {"eval_run_id": int}."""
     eval_run_id = int(input["eval_run_id"])
-    plan = begin_row(ctx, execution.eval_begin, execution.eval_fail, eval_run_id)
+    plan = begin_row(ctx, EvalRun, eval_run_id)
     if "ended" in plan:
         return {"status": plan["ended"]}
     try:
@@ -55,7 +57,7 @@ def eval_run(ctx, input: dict) -> dict:
             raise BudgetSpent(spent[0])
         summary = ctx.transaction("finish", execution.eval_finish, eval_run_id)
     except Exception as exc:
-        ctx.step("fail", execution.eval_fail, eval_run_id, describe(exc))
+        fail_row(ctx, EvalRun, eval_run_id, exc)
         raise
     return summary
 
@@ -71,9 +73,7 @@ def eval_lane(ctx, input: dict) -> dict:
     Invokes and grades the items one after the other; stops before an item once the run's own
     budget is spent, returning {"budget_spent": why}."""
     eval_run_id, items, budget = int(input["eval_run_id"]), list(input["items"]), input.get("run_usd_budget")
-    refused = ctx.step("begin", execution.eval_lane_begin, eval_run_id, ctx.namespace, ctx.run_id)
-    if refused:
-        raise RunRefused(refused)
+    join_row(ctx, EvalRun, eval_run_id)
     for done, item in enumerate(items):
         if budget is not None:
             spent = Decimal(ctx.step(f"spent:{item}", execution.eval_spent, eval_run_id))

@@ -53,65 +53,44 @@ def output_text(output) -> str:
     return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
 
 
-def eval_begin(eval_run_id: int, namespace: str, run_id: str) -> dict:
-    """Mark the run running, record the results it reuses, and return the items left to run."""
-    with transaction.atomic():
-        run = EvalRun.objects.select_for_update().select_related("workflow_version").filter(pk=eval_run_id).first()
-        if run is None or Workspace.namespace_of(run.workspace_id) != namespace:
-            return {"refused": f"eval run {eval_run_id} does not belong to this run's workspace"}
-        if run.durable_run_id not in (None, run_id):
-            return {"refused": f"eval run {eval_run_id} is driven by run {run.durable_run_id}"}
-        if run.status in EvalRun.TERMINAL:
-            return {"ended": run.status}
-        items = GoldenItem.objects.filter(golden_set_id=run.golden_set_id)
-        if run.config.get("item_ids"):  # a minibatch: only these items of the set
-            items = items.filter(pk__in=run.config["item_ids"])
-        items = list(items.order_by("position", "id").values_list("pk", "content_hash"))
-        digest = grading_digest(run.config["graders"], run.config.get("judge_model"))
-        keys = {pk: reuse_key(run.workflow_version_id, content, digest) for pk, content in items}
-        reused = {}
-        if run.reuse:
-            # a graded answer of a completed invocation: a failure may be this run's budget or an outage
-            earlier = GoldenResult.objects.filter(reuse_key__in=list(keys.values()), grading_error=False,
-                                                  workflow_invocation__status=WorkflowInvocation.Status.COMPLETED) \
-                .exclude(eval_run=run).order_by("reuse_key", "-created_at").distinct("reuse_key")
-            by_key = {result.reuse_key: result for result in earlier}
-            rows = []
-            for pk, key in keys.items():
-                source = by_key.get(key)
-                if source is None:
-                    continue
-                reused[pk] = source.pk
-                rows.append(GoldenResult(
-                    eval_run=run, golden_item_id=pk, workflow_version_id=run.workflow_version_id,
-                    workflow_invocation_id=source.workflow_invocation_id, actual_output=source.actual_output,
-                    score=source.score,
-                    passed=None if source.score is None else source.score >= run.config["threshold"],
-                    grading_rationale=source.grading_rationale, grader=source.grader, grades=source.grades,
-                    error=source.error, latency_ms=source.latency_ms, usd_cost=source.usd_cost, judge_usd=0,
-                    reuse_key=key, reused_from_id=source.reused_from_id or source.pk))
-            GoldenResult.objects.bulk_create(rows, ignore_conflicts=True)
-        run.status = EvalRun.Status.RUNNING
-        run.started_at = run.started_at or now()
-        run.durable_run_id = run_id
-        run.items_total = len(items)
-        run.items_reused = len(reused)
-        run.save(update_fields=["status", "started_at", "durable_run", "items_total", "items_reused", "updated_at"])
-        _progress(run.pk)
+def eval_plan(run: EvalRun) -> dict:
+    """An eval run that begins (durable.owners.begin calls it, the row locked and marked running):
+    record the results it reuses and return the items left to run."""
+    items = GoldenItem.objects.filter(golden_set_id=run.golden_set_id)
+    if run.config.get("item_ids"):  # a minibatch: only these items of the set
+        items = items.filter(pk__in=run.config["item_ids"])
+    items = list(items.order_by("position", "id").values_list("pk", "content_hash"))
+    digest = grading_digest(run.config["graders"], run.config.get("judge_model"))
+    keys = {pk: reuse_key(run.workflow_version_id, content, digest) for pk, content in items}
+    reused = {}
+    if run.reuse:
+        # a graded answer of a completed invocation: a failure may be this run's budget or an outage
+        earlier = GoldenResult.objects.filter(reuse_key__in=list(keys.values()), grading_error=False,
+                                              workflow_invocation__status=WorkflowInvocation.Status.COMPLETED) \
+            .exclude(eval_run=run).order_by("reuse_key", "-created_at").distinct("reuse_key")
+        by_key = {result.reuse_key: result for result in earlier}
+        rows = []
+        for pk, key in keys.items():
+            source = by_key.get(key)
+            if source is None:
+                continue
+            reused[pk] = source.pk
+            rows.append(GoldenResult(
+                eval_run=run, golden_item_id=pk, workflow_version_id=run.workflow_version_id,
+                workflow_invocation_id=source.workflow_invocation_id, actual_output=source.actual_output,
+                score=source.score,
+                passed=None if source.score is None else source.score >= run.config["threshold"],
+                grading_rationale=source.grading_rationale, grader=source.grader, grades=source.grades,
+                error=source.error, latency_ms=source.latency_ms, usd_cost=source.usd_cost, judge_usd=0,
+                reuse_key=key, reused_from_id=source.reused_from_id or source.pk))
+        GoldenResult.objects.bulk_create(rows, ignore_conflicts=True)
+    run.items_total = len(items)
+    run.items_reused = len(reused)
+    run.save(update_fields=["items_total", "items_reused", "updated_at"])
+    _progress(run.pk)
     return {"pending": [pk for pk, _ in items if pk not in reused], "keys": {str(k): v for k, v in keys.items()},
             "concurrency": int(run.config.get("concurrency", 4)), "reused": len(reused),
             "run_usd_budget": run.config.get("run_usd_budget")}
-
-
-def eval_lane_begin(eval_run_id: int, namespace: str, lane_run_id: str) -> str:
-    """Why a lane may not work for the eval run ("" when it may): a lane is a child run of the run
-    driving the eval run, in its workspace's namespace."""
-    run = EvalRun.objects.filter(pk=eval_run_id).values("workspace_id", "durable_run_id").first()
-    if run is None or Workspace.namespace_of(run["workspace_id"]) != namespace:
-        return f"eval run {eval_run_id} does not belong to this run's workspace"
-    if not run["durable_run_id"] or not lane_run_id.startswith(f"{run['durable_run_id']}/"):
-        return f"eval run {eval_run_id} is driven by run {run['durable_run_id']}, of which this run is not a lane"
-    return ""
 
 
 def usd_budget_spent(spent: Decimal, budget: Decimal) -> bool:
@@ -290,15 +269,6 @@ def eval_finish(eval_run_id: int) -> dict:
             "items": len(results), "grading_errors": fields["grading_errors"]}
 
 
-def eval_fail(eval_run_id: int, error: str, status: str = EvalRun.Status.FAILED, namespace: str | None = None) -> None:
-    """End the eval run with `error`; with `namespace`, only a run of that namespace's workspace."""
-    runs = EvalRun.objects.filter(pk=eval_run_id)
-    if namespace is not None:
-        runs = runs.filter(workspace_id=Workspace.id_of_namespace(namespace))
-    runs.exclude(status__in=EvalRun.TERMINAL).update(
-        status=status, error=error[:5000], ended_at=now(), updated_at=now())
-
-
 def reevaluation_runs_create(namespace: str, parent_run_id: str | None = None) -> dict:
     """The eval runs of a scheduled re-evaluation (in a ``ctx.transaction``: created once): one per
     golden set of the namespace's workspace whose workflow has an active version that can run here,
@@ -350,15 +320,3 @@ def regression_check(eval_run_id: int) -> dict:
         EvalRun.objects.filter(pk=run.pk).update(regression={"previous_run": previous.pk,
                                                              "comparison": comparison.as_dict()}, updated_at=now())
     return {"checked": True, "dropped": dropped, "previous_run": previous.pk, "verdict": comparison.verdict}
-
-
-def eval_runs_reconcile(*, limit: int = 500) -> int:
-    """End the eval runs whose durable run ended without them (cancelled with a parent evolution run,
-    from the durable admin, declared dead, or deleted), and those whose parent run (an evolution, a
-    re-evaluation) ended before their own runs began. Returns how many."""
-    from durable.selectors import runs_ended_without_owner
-
-    ended = runs_ended_without_owner(EvalRun.objects.filter(status__in=EvalRun.ACTIVE), limit=limit)
-    for pk, state, reason in ended:
-        eval_fail(pk, reason, status=state)
-    return len(ended)

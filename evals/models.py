@@ -16,7 +16,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from durable.models import DurableRun
+from durable.owners import RunOwner
 from workflows.models import Workflow, WorkflowInvocation, WorkflowVersion
 from workspaces.models import Workspace
 
@@ -118,9 +118,8 @@ class EvalRunStatus(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
-class EvalRun(models.Model):
+class EvalRun(RunOwner):
     Status = EvalRunStatus
-    TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
     ACTIVE = (Status.QUEUED, Status.RUNNING)
 
     class Origin(models.TextChoices):
@@ -152,25 +151,16 @@ class EvalRun(models.Model):
     fitness = models.FloatField(null=True, blank=True, help_text="REFERENCE.md fitness, 0-100.")
     # a scheduled re-evaluation that dropped significantly below the previous run of the same version
     regression = models.JSONField(null=True, blank=True)
-    error = models.TextField(blank=True, default="")
-    durable_run = models.ForeignKey(DurableRun, null=True, blank=True, on_delete=models.DO_NOTHING,
-                                    db_constraint=False, related_name="+")
-    # the run that wrote this row for a child run of its own to drive (an evolution, a re-evaluation): until
-    # that child begins, the parent's end is the only sign that nothing will
-    parent_run = models.ForeignKey(DurableRun, null=True, blank=True, on_delete=models.DO_NOTHING,
-                                   db_constraint=False, related_name="+")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    ended_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
             models.Index(fields=["workspace", "-created_at"], name="evals_run_ws_created_idx"),
             models.Index(fields=["golden_set", "workflow_version", "-created_at"], name="evals_run_set_version_idx"),
-            # the reconcile's scan of active eval runs (ACTIVE), oldest first (eval_runs_reconcile)
+            # the reconcile's scan of active eval runs (ACTIVE), oldest first (durable.owners.reconcile)
             models.Index(fields=["id"], name="evals_run_active_idx",
                          condition=Q(status__in=["queued", "running"])),
         ]

@@ -216,14 +216,14 @@ def eval_run_start(*, golden_set: GoldenSet, version: WorkflowVersion, user=None
 
 
 def eval_run_cancel(*, eval_run: EvalRun, reason: str = "cancelled by an operator") -> bool:
+    from durable import owners
     from durable.services import run_cancel
-    from evals.execution import eval_fail
 
     if eval_run.status in EvalRun.TERMINAL:
         return False
     cancelled = run_cancel(run_id=eval_run.durable_run_id, reason=reason) if eval_run.durable_run_id else True
     if cancelled:
-        eval_fail(eval_run.pk, reason, status=EvalRun.Status.CANCELLED)
+        owners.fail(EvalRun, eval_run.pk, reason, status=EvalRun.Status.CANCELLED)
     eval_run.refresh_from_db()
     return cancelled
 

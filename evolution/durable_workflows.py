@@ -35,13 +35,14 @@ from decimal import Decimal
 
 from django.conf import settings
 
-from durable import workflow
-from durable.engine import Child
+from durable import Child, workflow
+from durable.owners import begin_row, fail_row
 from evals.durable_workflows import EVAL_WORKFLOW
 from evals.execution import usd_budget_spent
 from evolution import execution
+from evolution.models import EvolutionRun
 from llm.providers import OFFLINE_PROVIDER
-from workflows.durable_workflows import begin_row, describe, queued_call_options
+from workflows.durable_workflows import queued_call_options
 
 EVOLVE_WORKFLOW = "evolution.run"
 MERGE_PROBABILITY = 0.25
@@ -55,14 +56,14 @@ class BudgetSpent(Exception):
 def evolve(ctx, input: dict) -> dict:
     """Input: {"evolution_run_id": int}."""
     run_id = int(input["evolution_run_id"])
-    plan = begin_row(ctx, execution.evolution_begin, execution.evolution_fail, run_id)
+    plan = begin_row(ctx, EvolutionRun, run_id)
     if "ended" in plan:
         return {"status": plan["ended"]}
     try:
         loop = GeneticProgramming(ctx, plan) if plan["mode"] == "gp" else Reflective(ctx, plan)
         summary = loop.run()
     except Exception as exc:
-        ctx.step("fail", execution.evolution_fail, run_id, describe(exc))
+        fail_row(ctx, EvolutionRun, run_id, exc)
         raise
     ctx.transaction("finish", execution.evolution_finish, run_id, summary)
     return summary

@@ -16,7 +16,6 @@ from django.db.models import Sum
 from evals.models import EvalRun, GoldenItem, GoldenResult
 from evolution.models import EvolutionRun, Generation, Individual
 from workflows.models import WorkflowInvocation, WorkflowVersion
-from workspaces.models import Workspace
 
 
 def now() -> datetime:
@@ -30,20 +29,9 @@ def generator(seed: int, *labels) -> random.Random:
 
 # ---------------------------------------------------------------------------------------------- the run
 
-def evolution_begin(run_id: int, namespace: str, durable_run_id: str) -> dict:
-    with transaction.atomic():
-        run = EvolutionRun.objects.select_for_update().filter(pk=run_id).first()
-        if run is None or Workspace.namespace_of(run.workspace_id) != namespace:
-            return {"refused": f"evolution run {run_id} does not belong to this run's workspace"}
-        if run.durable_run_id not in (None, durable_run_id):
-            return {"refused": f"evolution run {run_id} is driven by run {run.durable_run_id}"}
-        if run.status in EvolutionRun.TERMINAL:
-            return {"ended": run.status}
-        if run.status == EvolutionRun.Status.QUEUED:
-            run.status = EvolutionRun.Status.RUNNING
-        run.started_at = run.started_at or now()
-        run.durable_run_id = durable_run_id
-        run.save(update_fields=["status", "started_at", "durable_run", "updated_at"])
+def evolution_plan(run: EvolutionRun) -> dict:
+    """What the loop needs of an evolution run that begins (durable.owners.begin calls it, the row
+    locked and marked running; a paused run stays paused)."""
     items = list(GoldenItem.objects.filter(golden_set_id=run.golden_set_id).order_by("position", "id")
                  .values_list("pk", flat=True))
     return {"run_id": run.pk, "mode": run.mode, "config": run.config, "base_version_id": run.base_version_id,
@@ -61,15 +49,6 @@ def evolution_finish(run_id: int, summary: dict) -> None:
         base_fitness=summary.get("base_fitness"), evaluations=summary.get("evaluations", 0),
         rollouts=summary.get("rollouts", 0), cache_hits=summary.get("cache_hits", 0),
         usd_cost=Decimal(str(summary.get("usd", "0"))), ended_at=now(), updated_at=now())
-
-
-def evolution_fail(run_id: int, error: str, status: str = EvolutionRun.Status.FAILED,
-                   namespace: str | None = None) -> None:
-    runs = EvolutionRun.objects.filter(pk=run_id)
-    if namespace is not None:
-        runs = runs.filter(workspace_id=Workspace.id_of_namespace(namespace))
-    runs.exclude(status__in=EvolutionRun.TERMINAL).update(status=status, error=error[:5000], ended_at=now(),
-                                                          updated_at=now())
 
 
 def pause_point(run_id: int, boundary: str) -> bool:
@@ -308,14 +287,3 @@ def record_generation(run_id: int, number: int, members: list[dict], stats: dict
             evaluations=stats.get("run_evaluations", 0), rollouts=stats.get("run_rollouts", 0),
             cache_hits=stats.get("run_cache_hits", 0), usd_cost=Decimal(str(stats.get("run_usd", "0"))),
             updated_at=now())
-
-
-def evolution_runs_reconcile(*, limit: int = 200) -> int:
-    """End the evolution runs whose durable run ended without them (cancelled from the durable admin,
-    declared dead, or deleted). Returns how many."""
-    from durable.selectors import runs_ended_without_owner
-
-    ended = runs_ended_without_owner(EvolutionRun.objects.filter(status__in=EvolutionRun.ACTIVE), limit=limit)
-    for pk, state, reason in ended:
-        evolution_fail(pk, reason, status=state)
-    return len(ended)

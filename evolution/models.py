@@ -7,13 +7,13 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from durable.models import DurableRun
+from durable.owners import RunOwner
 from evals.models import EvalRun, GoldenSet
 from workflows.models import Workflow, WorkflowVersion
 from workspaces.models import Workspace
 
 
-class EvolutionRun(models.Model):
+class EvolutionRun(RunOwner):
     class Status(models.TextChoices):
         QUEUED = "queued", "Queued"
         RUNNING = "running", "Running"
@@ -27,7 +27,6 @@ class EvolutionRun(models.Model):
         REFLECTIVE = "reflective", "Reflective (GEPA-style)"
         ITERATIVE = "iterative", "Iterative"
 
-    TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
     ACTIVE = (Status.QUEUED, Status.RUNNING, Status.PAUSED)
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="evolution_runs")
@@ -50,20 +49,16 @@ class EvolutionRun(models.Model):
     rollouts = models.PositiveIntegerField(default=0, help_text="Item invocations run (reused results excluded).")
     cache_hits = models.PositiveIntegerField(default=0)
     usd_cost = models.DecimalField(max_digits=18, decimal_places=10, default=0)
-    error = models.TextField(blank=True, default="")
-    durable_run = models.ForeignKey(DurableRun, null=True, blank=True, on_delete=models.DO_NOTHING,
-                                    db_constraint=False, related_name="+")
+    parent_run = None  # started with its own run (evolution_start), never written by a run for a child of its own
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    ended_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
             models.Index(fields=["workspace", "-created_at"], name="evolution_run_ws_created_idx"),
-            # the reconcile's scan of active evolution runs (ACTIVE), oldest first (evolution_runs_reconcile)
+            # the reconcile's scan of active evolution runs (ACTIVE), oldest first (durable.owners.reconcile)
             models.Index(fields=["id"], name="evolution_run_active_idx",
                          condition=Q(status__in=["queued", "running", "paused"])),
         ]

@@ -95,14 +95,14 @@ def evolution_resume(*, run: EvolutionRun) -> EvolutionRun:
 
 def evolution_cancel(*, run: EvolutionRun, reason: str = "cancelled by an operator") -> bool:
     """Cancel the run, its eval runs under way included. False when it had already ended."""
+    from durable import owners
     from durable.services import run_cancel
-    from evolution.execution import evolution_fail
 
     if run.status in EvolutionRun.TERMINAL:
         return False
     cancelled = run_cancel(run_id=run.durable_run_id, reason=reason) if run.durable_run_id else True
     if cancelled:
-        evolution_fail(run.pk, reason, status=EvolutionRun.Status.CANCELLED)
+        owners.fail(EvolutionRun, run.pk, reason, status=EvolutionRun.Status.CANCELLED)
     run.refresh_from_db()
     return cancelled
 

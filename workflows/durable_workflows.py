@@ -33,13 +33,14 @@ from collections import deque
 from decimal import Decimal
 
 from config.logging import log_context_update
-from durable import workflow
-from durable.engine import Child, StepFailed
+from durable import Child, workflow
+from durable.owners import begin_row, describe, fail_row
 from llm.chat import ChatResponse, UnknownModel, resolve_model, structured_output_format
 from llm.providers import OFFLINE_PROVIDER
 from workflows import execution
 from workflows.conf import workflow_settings
 from workflows.dsl import END
+from workflows.models import WorkflowInvocation
 
 INVOKE_WORKFLOW = "workflows.invoke"
 NODE_WORKFLOW = "workflows.node"
@@ -56,37 +57,18 @@ class NodeRejected(InvocationFailed):
     """An operator rejected a node's answer."""
 
 
-class RunRefused(Exception):
-    """A run was given a row it does not own (another workspace's, or one another run drives)."""
-
-
-def begin_row(ctx, begin, fail, row_id: int) -> dict:
-    """The `begin` step of a run that drives a row (an invocation, an eval run, an evolution run):
-    `begin(row_id, namespace, run_id)` marks the row running and returns the plan. A failure in it is
-    recorded on the row by `fail(row_id, error, "failed", namespace)` (a row of this namespace's
-    workspace only) and raised; a refusal writes nothing and raises RunRefused."""
-    try:
-        plan = ctx.step("begin", begin, row_id, ctx.namespace, ctx.run_id)
-    except Exception as exc:
-        ctx.step("fail", fail, row_id, describe(exc), "failed", ctx.namespace)
-        raise
-    if "refused" in plan:
-        raise RunRefused(plan["refused"])
-    return plan
-
-
 @workflow(INVOKE_WORKFLOW)  # started by workflows.services.invocation_start only
 def invoke(ctx, input: dict) -> dict:
     """Run a workflow invocation. Input: {"invocation_id": int}."""
     invocation_id = int(input["invocation_id"])
     log_context_update(invocation_id=invocation_id)
-    plan = begin_row(ctx, execution.invocation_begin, execution.invocation_fail, invocation_id)
+    plan = begin_row(ctx, WorkflowInvocation, invocation_id)
     if "ended" in plan:
         return {"status": plan["ended"]}
     try:
         output = GraphRun(ctx, plan).run()
     except Exception as exc:
-        ctx.step("fail", execution.invocation_fail, invocation_id, describe(exc))
+        fail_row(ctx, WorkflowInvocation, invocation_id, exc)
         raise
     ctx.transaction("finish", execution.invocation_finish, invocation_id, output)
     return output
@@ -100,15 +82,6 @@ def run_branch(ctx, input: dict) -> dict:
     budget = Decimal(input["budget"]) if "budget" in input else None
     return NodeRun(ctx, input["plan"], Decimal(input["spent"]), usd_budget=budget).run(
         input["node_id"], input["seq"], input["inbox"])
-
-
-def describe(exc: BaseException) -> str:
-    if isinstance(exc, StepFailed):
-        error = exc.error if isinstance(exc.error, dict) else {}
-        message = error.get("message") or str(exc)
-        kind = error.get("type")
-        return f"{exc.name}: {kind + ': ' if kind and kind not in message else ''}{message}"
-    return str(exc) or type(exc).__name__
 
 
 class GraphRun:

@@ -31,7 +31,6 @@ from workflows.llm_cache import ChatCache
 from workflows.models import ContextEntry, Message, NodeInvocation, NodeVersion, WorkflowInvocation
 from workflows.selectors import node_calls
 from workflows.tools import ToolError, node_tools, tool_run
-from workspaces.models import Workspace
 
 MESSAGES_PER_NODE = 10_000
 
@@ -60,25 +59,9 @@ def input_text(value) -> str:
 
 # --------------------------------------------------------------------------------------- invocation
 
-def invocation_begin(invocation_id: int, namespace: str, run_id: str) -> dict:
-    """Mark the invocation running and return what the runner needs (its plan). A run of another
-    workspace's namespace, or another run than the one the invocation names, is refused without a
-    write; an invocation created without a run (an eval run's item, started as a child run) takes
-    the first run that begins it."""
-    with transaction.atomic():
-        invocation = WorkflowInvocation.objects.select_for_update().select_related("workflow_version") \
-            .filter(pk=invocation_id).first()
-        if invocation is None or Workspace.namespace_of(invocation.workspace_id) != namespace:
-            return {"refused": f"invocation {invocation_id} does not belong to this run's workspace"}
-        if invocation.durable_run_id not in (None, run_id):
-            return {"refused": f"invocation {invocation_id} is driven by run {invocation.durable_run_id}"}
-        if invocation.status in WorkflowInvocation.TERMINAL:
-            return {"ended": invocation.status}
-        if invocation.status == WorkflowInvocation.Status.QUEUED or invocation.durable_run_id is None:
-            invocation.status = WorkflowInvocation.Status.RUNNING
-            invocation.started_at = invocation.started_at or now()
-            invocation.durable_run_id = run_id
-            invocation.save(update_fields=["status", "started_at", "durable_run", "updated_at"])
+def invocation_plan(invocation: WorkflowInvocation) -> dict:
+    """What the runner needs of an invocation that begins (durable.owners.begin calls it, the row
+    locked and marked running): its version's graph, its task, its budgets and node versions."""
     version = invocation.workflow_version
     node_versions = dict(NodeVersion.objects.filter(workflow_version=version).values_list("node_id", "pk"))
     return {
@@ -99,27 +82,19 @@ def invocation_finish(invocation_id: int, output: dict) -> None:
             status=WorkflowInvocation.Status.COMPLETED, output=output, error="", ended_at=now(), updated_at=now())
 
 
-def invocation_fail(invocation_id: int, error: str, status: str = WorkflowInvocation.Status.FAILED,
-                    namespace: str | None = None) -> None:
-    """End the invocation (and any node still running or waiting, with what its calls paid) with
-    `error`. With `namespace`, only an invocation of that namespace's workspace is touched."""
-    if namespace is not None and not WorkflowInvocation.objects.filter(
-            pk=invocation_id, workspace_id=Workspace.id_of_namespace(namespace)).exists():
-        return
-    with transaction.atomic():
-        # a node still marked running or waiting did not finish: it failed with the invocation
-        unfinished = NodeInvocation.objects.filter(
-            workflow_invocation_id=invocation_id, status__in=[NodeInvocation.Status.RUNNING,
-                                                              NodeInvocation.Status.WAITING])
-        # their usage is written at their end, which they never reached: what their calls paid is in the transcript
-        for pk, calls in node_calls(invocation_id=invocation_id, node_ids=unfinished.values("pk")).items():
-            NodeInvocation.objects.filter(pk=pk).update(
-                usd_cost=calls.usd_cost, input_tokens=calls.input_tokens, output_tokens=calls.output_tokens,
-                llm_calls=calls.calls, cache_hits=calls.cache_hits, model=calls.models.split(", ")[-1])
-        unfinished.update(status=NodeInvocation.Status.FAILED, error=error, ended_at=now())
-        _update_totals(invocation_id)
-        WorkflowInvocation.objects.filter(pk=invocation_id).exclude(status__in=WorkflowInvocation.TERMINAL).update(
-            status=status, error=error, ended_at=now(), updated_at=now())
+def invocation_ended(invocation_id: int, error: str) -> None:
+    """The invocation's end (durable.owners.fail calls it in its transaction): any node still running
+    or waiting failed with it, with what its calls paid, and the totals count them."""
+    unfinished = NodeInvocation.objects.filter(
+        workflow_invocation_id=invocation_id, status__in=[NodeInvocation.Status.RUNNING,
+                                                          NodeInvocation.Status.WAITING])
+    # their usage is written at their end, which they never reached: what their calls paid is in the transcript
+    for pk, calls in node_calls(invocation_id=invocation_id, node_ids=unfinished.values("pk")).items():
+        NodeInvocation.objects.filter(pk=pk).update(
+            usd_cost=calls.usd_cost, input_tokens=calls.input_tokens, output_tokens=calls.output_tokens,
+            llm_calls=calls.calls, cache_hits=calls.cache_hits, model=calls.models.split(", ")[-1])
+    unfinished.update(status=NodeInvocation.Status.FAILED, error=error, ended_at=now())
+    _update_totals(invocation_id)
 
 
 def _update_totals(invocation_id: int) -> None:
@@ -226,7 +201,7 @@ def node_finish(invocation_id: int, seq: int, fields: dict, node_pk: int | None 
 def node_await_approval(invocation_id: int, seq: int, run_id: str, signal: str, output: str) -> None:
     """Mark the node (and the invocation) waiting for an operator's decision on `signal`."""
     with transaction.atomic():
-        # the invocation's row lock orders this against a cancel (invocation_fail takes it first)
+        # the invocation's row lock orders this against a cancel (durable.owners.fail takes it first)
         status = WorkflowInvocation.objects.select_for_update().filter(pk=invocation_id) \
             .values_list("status", flat=True).first()
         if status in WorkflowInvocation.TERMINAL:
@@ -499,17 +474,3 @@ def context_file_name(scope: str, key: str) -> str:
     digest = hashlib.sha256(f"{scope}\n{key}".encode()).hexdigest()[:16]
     readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", key)[:80].strip("._") or "entry"
     return f"{scope}-{readable}-{digest}.txt"
-
-
-def invocations_reconcile(*, limit: int = 500) -> int:
-    """End the invocations whose durable run ended without them: a run cancelled from the durable
-    admin or API, declared dead after too many crashed turns, or deleted by retention; and an eval
-    run's items whose eval run ended before their runs began. Such an invocation takes its run's
-    state (cancelled or failed) with the reason. Returns how many."""
-    from durable.selectors import runs_ended_without_owner
-
-    active = WorkflowInvocation.objects.filter(status__in=WorkflowInvocation.ACTIVE)
-    ended = runs_ended_without_owner(active, limit=limit)
-    for pk, state, reason in ended:
-        invocation_fail(pk, reason, status=state)
-    return len(ended)

@@ -13,7 +13,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from durable.models import DurableRun
+from durable.owners import RunOwner
 from workflows.mcp_models import McpServer, McpServerVersion, McpTool, UserServerConfig  # noqa: F401
 from workspaces.models import Workspace
 
@@ -176,12 +176,11 @@ class InvocationStatus(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
-class WorkflowInvocation(models.Model):
+class WorkflowInvocation(RunOwner):
     """One run of a workflow version on an input: a durable run (`durable_run`) drives it; this row
     is what an operator reads (status, output, totals), updated by the runner's checkpointed steps."""
 
     Status = InvocationStatus
-    TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
     ACTIVE = (Status.QUEUED, Status.RUNNING, Status.WAITING)
 
     workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="workflow_invocations")
@@ -189,7 +188,6 @@ class WorkflowInvocation(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     input = models.JSONField(default=dict, blank=True)
     output = models.JSONField(null=True, blank=True)
-    error = models.TextField(blank=True, default="")
     # limits this invocation ran under (docs/limits.md; their defaults from settings)
     node_budget = models.PositiveIntegerField(default=14)
     usd_budget = models.DecimalField(max_digits=18, decimal_places=10)
@@ -200,25 +198,16 @@ class WorkflowInvocation(models.Model):
     cache_hits = models.PositiveIntegerField(default=0)
     node_count = models.PositiveIntegerField(default=0)
     fitness_score = models.FloatField(null=True, blank=True)
-    # the run survives retention only as long as its settings say; the row here stays
-    durable_run = models.ForeignKey(DurableRun, null=True, blank=True, on_delete=models.DO_NOTHING,
-                                    db_constraint=False, related_name="+")
-    # the run that wrote this row for a child run of its own to drive (an eval run's item): until that child
-    # begins, the parent's end is the only sign that nothing will
-    parent_run = models.ForeignKey(DurableRun, null=True, blank=True, on_delete=models.DO_NOTHING,
-                                   db_constraint=False, related_name="+")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    ended_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
             models.Index(fields=["workspace", "-created_at"], name="workflows_inv_ws_created_idx"),
             models.Index(fields=["workflow_version", "-created_at"], name="workflows_inv_version_idx"),
-            # the reconcile's scan of active invocations (ACTIVE), oldest first (invocations_reconcile)
+            # the reconcile's scan of active invocations (ACTIVE), oldest first (durable.owners.reconcile)
             models.Index(fields=["id"], name="workflows_inv_active_idx",
                          condition=Q(status__in=["queued", "running", "waiting"])),
         ]

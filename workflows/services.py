@@ -239,14 +239,14 @@ def invocation_decide(*, invocation, decision: str, comment: str = "", user=None
 
 def invocation_cancel(*, invocation, reason: str = "cancelled by an operator") -> bool:
     """Cancel a running invocation (its durable run and branches). False when it had already ended."""
+    from durable import owners
     from durable.services import run_cancel
-    from workflows import execution
     from workflows.models import WorkflowInvocation
 
     if invocation.status in WorkflowInvocation.TERMINAL:
         return False
     cancelled = run_cancel(run_id=invocation.durable_run_id, reason=reason) if invocation.durable_run_id else True
     if cancelled:
-        execution.invocation_fail(invocation.pk, reason, status=WorkflowInvocation.Status.CANCELLED)
+        owners.fail(WorkflowInvocation, invocation.pk, reason, status=WorkflowInvocation.Status.CANCELLED)
     invocation.refresh_from_db()
     return cancelled

@@ -45,6 +45,7 @@ DURABLE_TICK_QUEUE = env_str("DURABLE_TICK_QUEUE", "tick")
 CELERY_TASK_ROUTES = {
     "durable.tick": {"queue": DURABLE_TICK_QUEUE},
     "durable.retention": {"queue": "celery"},
+    "durable.reconcile": {"queue": "celery"},
 }
 # Time limits for the tasks whose work is bounded (a tick's phases work in batches; retention in chunks;
 # the reconcilers in one pass each): one that runs past its limit is stuck (a lock, a hung connection),

@@ -181,12 +181,12 @@ def test_a_critical_regression_blocks_a_promotion(support_set, support_versions,
 
 
 def test_a_failure_at_the_start_is_recorded_on_the_eval_run(support_set, support_versions, evaluate, monkeypatch):
-    from evals import execution
+    from durable import owners
 
     def broken(*args):
         raise RuntimeError("the database said no")
 
-    monkeypatch.setattr(execution, "eval_begin", broken)
+    monkeypatch.setattr(owners.owner_of(EvalRun), "plan", broken)
     run = evaluate(support_set, support_versions[0])
     assert run.status == "failed" and "the database said no" in run.error and run.ended_at
 
@@ -229,9 +229,8 @@ def test_rollback_walks_back_the_activation_history_whatever_was_evaluated_since
 
 
 def test_cancelling_an_eval_run_before_its_items_start_ends_their_invocations(support_set, support_versions):
-    from durable import engine
+    from durable import engine, owners
     from evals.services import eval_run_cancel
-    from workflows.execution import invocations_reconcile
 
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=6)
     engine.execute_turn(run.durable_run_id)  # begun: its six lanes started
@@ -240,20 +239,20 @@ def test_cancelling_an_eval_run_before_its_items_start_ends_their_invocations(su
     invocations = WorkflowInvocation.objects.filter(workflow_version=support_versions[0])
     assert invocations.count() == 6 and set(invocations.values_list("status", flat=True)) == {"queued"}
     assert eval_run_cancel(eval_run=run)
-    assert invocations_reconcile() == 6
+    assert owners.reconcile()["workflows.WorkflowInvocation"] == 6
     assert set(invocations.values_list("status", flat=True)) == {"cancelled"}
     assert all(run.durable_run_id in error for error in invocations.values_list("error", flat=True))
-    assert invocations_reconcile() == 0
+    assert owners.reconcile()["workflows.WorkflowInvocation"] == 0
 
 
 def test_the_reconcile_reaches_an_eval_run_behind_any_number_of_active_ones(support_set, support_versions):
+    from durable import owners
     from durable.services import run_cancel
-    from evals.execution import eval_runs_reconcile
 
     waiting = eval_run_start(golden_set=support_set, version=support_versions[0])  # queued: legitimately active
     cancelled = eval_run_start(golden_set=support_set, version=support_versions[1])
     run_cancel(run_id=cancelled.durable_run_id, reason="from the durable admin")
-    assert eval_runs_reconcile(limit=1) == 1
+    assert owners.reconcile(limit=1)["evals.EvalRun"] == 1
     waiting.refresh_from_db()
     cancelled.refresh_from_db()
     assert cancelled.status == "cancelled" and waiting.status == "queued"
@@ -334,19 +333,20 @@ def test_a_wide_eval_run_deals_its_items_to_lanes_and_replays_no_growing_history
     assert sorted(Counter(items_per_lane).values()) == [10, 10, 10, 10]
 
 
-def test_a_lane_refuses_an_eval_run_it_was_not_started_for(support_set, support_versions, workspace):
+def test_a_lane_refuses_an_eval_run_it_was_not_started_for(support_set, support_versions, workspace,
+                                                            other_workspace):
     from durable.inprocess import run_until_settled
     from durable.services import run_start
-    from workspaces.models import Workspace
 
     run = eval_run_start(golden_set=support_set, version=support_versions[0])
     item = support_set.items.first()
-    lane = run_start(workflow="evals.lane", input={"eval_run_id": run.pk, "items": [item.pk],
-                                                   "keys": {str(item.pk): "k"}},
-                     namespace=Workspace.namespace_of(workspace.pk))
-    run_until_settled(lane.id, max_wait=30)
-    lane.refresh_from_db()
-    assert lane.status == "failed" and "of which this run is not a lane" in lane.error
+    lane_input = {"eval_run_id": run.pk, "items": [item.pk], "keys": {str(item.pk): "k"}}
+    lane = run_until_settled(run_start(workflow="evals.lane", input=lane_input, namespace=workspace.namespace).id,
+                             max_wait=30)
+    assert lane.status == "failed" and "of which this run is not a child" in lane.error
+    stranger = run_until_settled(run_start(workflow="evals.lane", input=lane_input,
+                                           namespace=other_workspace.namespace).id, max_wait=30)
+    assert stranger.status == "failed" and "does not belong to this run's workspace" in stranger.error
     assert not WorkflowInvocation.objects.filter(workflow_version=support_versions[0]).exists()
     assert not GoldenResult.objects.filter(eval_run=run).exists()
 
@@ -375,11 +375,10 @@ def test_the_judge_is_asked_on_the_llm_queue_and_a_429_waits_on_a_timer(judge_se
 
 def test_a_lane_that_fails_lets_the_other_lanes_finish_and_a_retry_scores_every_item(support_set, support_versions,
                                                                                      monkeypatch):
-    from durable import engine
+    from durable import engine, owners
     from durable.inprocess import run_until_settled
     from durable.services import run_retry
     from evals import execution
-    from workflows.execution import invocations_reconcile
 
     items = list(support_set.items.order_by("position", "id"))
     grade = execution.eval_grade_item
@@ -402,7 +401,7 @@ def test_a_lane_that_fails_lets_the_other_lanes_finish_and_a_retry_scores_every_
     # the second lane's items were not cut short by the first lane's failure
     assert set(GoldenResult.objects.filter(eval_run=run).values_list("golden_item_id", flat=True)) == \
         {item.pk for item in items[1::2]}
-    invocations_reconcile()
+    owners.reconcile()
     monkeypatch.setattr(execution, "eval_grade_item", grade)
     assert run_retry(run_id=run.durable_run_id)
     assert run_until_settled(run.durable_run_id, max_wait=60).status == "completed"
@@ -440,11 +439,12 @@ def test_items_graded_at_once_by_two_lanes_are_both_counted_in_the_progress(supp
 
     from django.db import connection
 
+    from durable import owners
     from evals import execution
     from workspaces.models import Workspace
 
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
-    plan = execution.eval_begin(run.pk, Workspace.namespace_of(run.workspace_id), run.durable_run_id)
+    plan = owners.begin(EvalRun, run.pk, Workspace.namespace_of(run.workspace_id), run.durable_run_id)
     first, second = plan["pending"][:2]
     invocations = execution.eval_invocations_create(run.pk, [first, second], run.durable_run_id)
     progress, both_written = execution._progress, threading.Barrier(2, timeout=30)
@@ -477,10 +477,9 @@ def test_items_graded_at_once_by_two_lanes_are_both_counted_in_the_progress(supp
 
 def test_an_item_whose_lane_was_cancelled_before_its_run_began_is_ended_while_the_eval_run_goes_on(
         support_set, support_versions):
-    from durable import engine
+    from durable import engine, owners
     from durable.inprocess import run_until_settled
     from durable.services import run_cancel
-    from workflows.execution import invocations_reconcile
 
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
     engine.execute_turn(run.durable_run_id)
@@ -489,7 +488,7 @@ def test_an_item_whose_lane_was_cancelled_before_its_run_began_is_ended_while_th
     waiting = WorkflowInvocation.objects.get(workflow_version=support_versions[0])
     assert run_cancel(run_id=first.id, reason="from the durable admin")
     assert DurableRun.objects.get(pk=run.durable_run_id).status in DurableRun.Status.ACTIVE  # its other lane runs
-    assert invocations_reconcile() == 1
+    assert owners.reconcile()["workflows.WorkflowInvocation"] == 1
     waiting.refresh_from_db()
     assert waiting.status == "cancelled" and first.id in waiting.error
     run_until_settled(run.durable_run_id, max_wait=60)

@@ -97,14 +97,14 @@ def test_a_resume_before_the_boundary_is_not_kept_for_a_later_pause(facts, suppo
 
 
 def test_cancel_ends_the_run_and_its_eval_runs(facts, support_set, support_base):
-    from evals.execution import eval_runs_reconcile
+    from durable import owners
     from evals.models import EvalRun
 
     run = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
     evolution_pause(run=run)
     run_until_settled(run.durable_run_id, max_wait=120)
     assert evolution_cancel(run=run) and run.status == "cancelled"
-    eval_runs_reconcile()
+    owners.reconcile()
     assert not EvalRun.objects.exclude(status__in=EvalRun.TERMINAL).exists()
     assert evolution_cancel(run=run) is False
 
@@ -155,8 +155,7 @@ def test_configuration_edges():
 
 def test_cancelling_an_evolution_before_its_eval_runs_start_frees_its_golden_set(support_set, support_base, owner,
                                                                                    api_as):
-    from durable import engine
-    from evals.execution import eval_runs_reconcile
+    from durable import engine, owners
     from evals.models import EvalRun
 
     run = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
@@ -164,7 +163,7 @@ def test_cancelling_an_evolution_before_its_eval_runs_start_frees_its_golden_set
     eval_runs = EvalRun.objects.filter(golden_set=support_set)
     assert eval_runs.count() == 4 and set(eval_runs.values_list("status", flat=True)) == {"queued"}
     assert evolution_cancel(run=run)
-    assert eval_runs_reconcile() == 4
+    assert owners.reconcile()["evals.EvalRun"] == 4
     assert set(eval_runs.values_list("status", flat=True)) == {"cancelled"}
     item = support_set.items.first()
     changed = api_as(owner).patch(f"/api/golden-items/{item.pk}/", {"expected_output": "changed"}, format="json")
@@ -172,13 +171,13 @@ def test_cancelling_an_evolution_before_its_eval_runs_start_frees_its_golden_set
 
 
 def test_the_reconcile_reaches_an_evolution_run_behind_any_number_of_active_ones(support_set, support_base):
+    from durable import owners
     from durable.services import run_cancel
-    from evolution.execution import evolution_runs_reconcile
 
     waiting = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
     cancelled = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
     run_cancel(run_id=cancelled.durable_run_id, reason="from the durable admin")
-    assert evolution_runs_reconcile(limit=1) == 1
+    assert owners.reconcile(limit=1)["evolution.EvolutionRun"] == 1
     waiting.refresh_from_db()
     cancelled.refresh_from_db()
     assert cancelled.status == "cancelled" and waiting.status == "queued"

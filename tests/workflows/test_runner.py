@@ -56,8 +56,8 @@ def test_costs_add_up_from_the_calls_to_the_nodes_to_the_invocation(make_version
 
 @pytest.mark.parametrize("how", ["cancelled", "cancelled from the durable admin"])
 def test_an_invocation_ended_mid_node_keeps_the_cost_of_the_calls_it_paid(make_version, settle, settings, how):
+    from durable import owners
     from durable.services import run_cancel
-    from workflows.execution import invocations_reconcile
     from workflows.services import invocation_cancel
 
     settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 2000}}
@@ -72,7 +72,7 @@ def test_an_invocation_ended_mid_node_keeps_the_cost_of_the_calls_it_paid(make_v
         assert invocation_cancel(invocation=invocation)
     else:
         run_cancel(run_id=invocation.durable_run_id)
-        assert invocations_reconcile() == 1
+        assert owners.reconcile()["workflows.WorkflowInvocation"] == 1
     invocation.refresh_from_db()
     (ran,) = nodes_of(invocation)
     assert invocation.status == "cancelled" and ran.status == "failed"
@@ -342,59 +342,42 @@ def test_cancelling_an_invocation_cancels_its_run_and_ends_its_waiting_node(make
 
 
 def test_an_invocation_whose_run_ended_elsewhere_takes_its_end(make_version, settle):
+    from durable import owners
     from durable.services import run_cancel
-    from workflows.execution import invocations_reconcile
 
     version = make_version(graph("a", node("a", approval=True)))
     cancelled = settle(invocation_start(version=version, input={"text": "x"}))
     waiting = settle(invocation_start(version=version, input={"text": "y"}))
     run_cancel(run_id=cancelled.durable_run_id, reason="from the durable admin")
-    assert invocations_reconcile() == 1
+    assert owners.reconcile()["workflows.WorkflowInvocation"] == 1
     cancelled.refresh_from_db()
     waiting.refresh_from_db()
     assert cancelled.status == "cancelled" and cancelled.durable_run_id in cancelled.error
     assert waiting.status == "waiting"
-    assert invocations_reconcile() == 0
+    assert owners.reconcile()["workflows.WorkflowInvocation"] == 0
 
 
 def test_the_reconcile_reaches_an_invocation_behind_any_number_of_active_ones(make_version, settle):
+    from durable import owners
     from durable.services import run_cancel
-    from workflows.execution import invocations_reconcile
 
     version = make_version(graph("a", node("a", approval=True)))
     waiting = settle(invocation_start(version=version, input={"text": "x"}))
     cancelled = settle(invocation_start(version=version, input={"text": "y"}))
     run_cancel(run_id=cancelled.durable_run_id, reason="from the durable admin")
-    assert invocations_reconcile(limit=1) == 1
+    assert owners.reconcile(limit=1)["workflows.WorkflowInvocation"] == 1
     cancelled.refresh_from_db()
     waiting.refresh_from_db()
     assert cancelled.status == "cancelled" and waiting.status == "waiting"
 
 
-def test_the_reconcile_reads_active_invocations_through_their_index(make_version, settle):
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
-    from workflows.execution import invocations_reconcile
-
-    settle(invocation_start(version=make_version(graph("a", node("a"))), input={"text": "x"}))
-    with CaptureQueriesContext(connection) as queries:
-        assert invocations_reconcile() == 0
-    (select,) = [query["sql"] for query in queries.captured_queries]  # one statement, whatever the row count
-    with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_seqscan = off")  # a tiny table: ask which index the planner can use
-        cursor.execute("EXPLAIN " + select)
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "workflows_inv_active_idx" in plan, plan
-
-
 def test_a_failure_at_the_start_is_recorded_on_the_invocation(make_version, invoke, monkeypatch):
-    from workflows import execution
+    from durable import owners
 
     def broken(*args):
         raise RuntimeError("the database said no")
 
-    monkeypatch.setattr(execution, "invocation_begin", broken)
+    monkeypatch.setattr(owners.owner_of(WorkflowInvocation), "plan", broken)
     invocation = invoke(make_version(graph("a", node("a"))), {"text": "x"})
     assert invocation.status == "failed" and "the database said no" in invocation.error
 
