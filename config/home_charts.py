@@ -4,7 +4,8 @@
   highlighted statuses (failed, dead, suspended; an invocation's failed and waiting) sit at the bottom of
   each bar in strong colours, the others above them in muted ones; each segment links to the list of its
   rows (status and bucket) and names them in its tooltip.
-- ``sparkline_svg(values)``: a small line of scores 0..1, oldest to newest, the newest marked.
+- ``sparkline_svg(values)``: a small line of scores, oldest to newest, the newest marked; its height spans the
+  scores' own range (at least 0.1 of the 0..1 scale), so a trend of a few hundredths still shows.
 
 Text and axes draw in `currentColor`, so the charts follow the admin's light and dark themes. Every piece
 of text goes through ``escape``; numbers are formatted here.
@@ -110,20 +111,23 @@ def status_svg(series, *, bucket: str) -> SafeString:
     return _svg("home-status-chart", W, H, f"{series.title}: {summary or 'none'}", "".join(parts))
 
 
-SPARK_W, SPARK_H = 120, 26
+SPARK_W, SPARK_H = 140, 30
+SPARK_MIN_RANGE = 0.1
 
 
 def sparkline_svg(values: list[float], *, title: str) -> SafeString:
     """Scores 0..1 oldest to newest as a line, the newest a dot; one value is a dot alone."""
     pad = 3
+    middle = (max(values, default=0.5) + min(values, default=0.5)) / 2
+    half = max(SPARK_MIN_RANGE, max(values, default=0) - min(values, default=0)) / 2
+    low = max(0.0, min(middle - half, 1.0 - 2 * half))
 
     def point(index: int, value: float) -> tuple[float, float]:
         x = pad + (SPARK_W - 2 * pad) * (index / (len(values) - 1) if len(values) > 1 else 1)
-        return x, pad + (SPARK_H - 2 * pad) * (1 - max(0.0, min(1.0, value)))
+        return x, pad + (SPARK_H - 2 * pad) * (1 - (value - low) / (2 * half))
 
     points = [point(index, value) for index, value in enumerate(values)]
-    body = (f'<line x1="{pad}" y1="{SPARK_H / 2}" x2="{SPARK_W - pad}" y2="{SPARK_H / 2}" stroke="{GRID}" '
-            f'stroke-dasharray="2 2"/>')
+    body = ""
     if len(points) > 1:
         body += ('<polyline fill="none" stroke="#3f83c4" stroke-width="1.6" points="'
                  + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>')

@@ -36,8 +36,9 @@ def ago(**delta):
 
 def runs(workspace, status: str, count: int, *, created, prefix: str = ""):
     made = DurableRun.objects.bulk_create([
-        DurableRun(id=f"{prefix or workspace.slug}-{status}-{created.timestamp():.0f}-{index}", workflow="tests.sequence",
-                   namespace=workspace.namespace, status=status) for index in range(count)])
+        DurableRun(id=f"{prefix or workspace.slug}-{status}-{created.timestamp():.0f}-{index}",
+                   workflow="tests.sequence", namespace=workspace.namespace, status=status)
+        for index in range(count)])
     DurableRun.objects.filter(pk__in=[run.pk for run in made]).update(created_at=created)
     return made
 
@@ -272,7 +273,7 @@ def test_a_staff_members_home_has_the_same_budget(acme, seeded):
 
 def test_the_app_list_comes_below_grouped_as_an_operator_works(superuser_client):
     html = superuser_client.get(reverse("admin:index")).content.decode()
-    home, apps = html.split('<h2 class="home-apps-title">')
+    _home, apps = html.split('<h2 class="home-apps-title">')
     captions = re.findall(r'<caption>\s*<a href="[^"]*" class="section"[^>]*>([^<]+)</a>', apps)
     assert captions == ["Workflows", "Evaluations", "Evolution", "Knowledge", "Durable runs", "Access"]
     access = apps.split(">Access</a>")[1].split("</table>")[0]
