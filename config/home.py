@@ -331,11 +331,17 @@ def home_page(*, site, request, window: WindowChoice) -> Home:
     from evals.models import EvalRun
     from evolution.models import EvolutionRun
     from workflows.models import NodeInvocation, WorkflowInvocation
+    from workspaces.admin_scope import sees_everything
+    from workspaces.api.base import member_namespaces
 
     now = timezone.now()
     start = now - window.span
     home = Home(window=window, windows=list(WINDOWS.values()), start=start, now=now)
     runs = _rows(site, request, DurableRun)
+    if runs is not None and not sees_everything(request):
+        # the same namespaces again as a list: Postgres then reads them through durable_run_ns_status_idx,
+        # where the scope's subquery of computed names ("ws-" || id) only joins by hash to every run of the window
+        runs = runs.filter(namespace__in=list(member_namespaces(request.user).values_list("ns", flat=True)))
     if runs is not None:
         home.series.append(status_series(
             runs, key="runs", title="Durable runs", status_choices=DurableRun.Status.choices,
