@@ -215,6 +215,10 @@ def test_approvals_failures_trends_and_evolutions(superuser_client, seeded):
     assert re.search(r"<td>running</td><td class=\"home-num\">2 / 5</td>\s*<td class=\"home-num\">52.50"
                      r"<span class=\"home-muted\"> from 40.00</span></td><td class=\"home-num\">\+31.2%</td>",
                      evolutions)
+    # the counts' own links: every waiting node, every evolution in progress
+    for section, count in (("approvals", 1), ("evolutions", 1)):
+        url = unescape(re.search(r'<h2><a href="([^"]+)">', card(html, section)).group(1))
+        assert superuser_client.get(url).context["cl"].result_count == count, section
 
 
 # ------------------------------------------------------------------------------------------------ scope
