@@ -26,7 +26,3 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]
-
-admin.site.site_header = "Lineage"
-admin.site.site_title = "Lineage"
-admin.site.index_title = "Operator dashboard"

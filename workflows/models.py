@@ -207,6 +207,8 @@ class WorkflowInvocation(RunOwner):
         indexes = [
             models.Index(fields=["workspace", "-created_at"], name="workflows_inv_ws_created_idx"),
             models.Index(fields=["workflow_version", "-created_at"], name="workflows_inv_version_idx"),
+            # the operator console's window over every workspace (a superuser's home: counts, spend, failures)
+            models.Index(fields=["created_at"], name="workflows_inv_created_idx"),
             # the reconcile's scan of active invocations (ACTIVE), oldest first (durable.owners.reconcile)
             models.Index(fields=["id"], name="workflows_inv_active_idx",
                          condition=Q(status__in=["queued", "running", "waiting"])),
@@ -260,6 +262,12 @@ class NodeInvocation(models.Model):
             models.UniqueConstraint(fields=["workflow_invocation", "seq"], name="%(app_label)s_%(class)s_unique_seq"),
         ]
         ordering = ["workflow_invocation", "seq"]
+        indexes = [
+            # the operator console's spend by model over its window
+            models.Index(fields=["started_at"], name="workflows_node_started_idx"),
+            # the operator console's approvals waiting, oldest first
+            models.Index(fields=["started_at"], name="workflows_node_waiting_idx", condition=Q(status="waiting")),
+        ]
 
     def __str__(self) -> str:
         return f"{self.node_id} #{self.seq}"

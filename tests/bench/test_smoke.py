@@ -17,6 +17,7 @@ BASE_DIR = Path(__file__).resolve().parents[2]
 
 # each benchmark's arguments for a run of seconds; a benchmark missing here fails the test below
 TINY = {
+    "admin_home": ["--rows", "2000", "--reps", "1"],
     "admin_search": ["--runs", "2000", "--reps", "1"],
     "api_load": ["--clients", "2", "--duration", "2", "--web-workers", "1", "--web-threads", "2",
                  "--celery-concurrency", "1", "--runs", "50", "--sources", "2"],
