@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import models, transaction
+from django.db import OperationalError, connection, models, transaction
+from psycopg.errors import DeadlockDetected
 
 from durable.errors import StepFailed
 from durable.models import DurableRun
@@ -160,6 +161,9 @@ def join(model: type[RunOwner], row_id: int, namespace: str, run_id: str) -> str
     return ""
 
 
+DEADLOCK_ATTEMPTS = 3
+
+
 def fail(model: type[RunOwner], row_id: int, error: str, status: str = "failed", namespace: str | None = None) -> None:
     """End row `row_id` with `error` as `status` (failed or cancelled) unless it already ended; with
     `namespace`, only a row of that namespace's workspace is touched. The owner's on-end hook runs
@@ -170,6 +174,19 @@ def fail(model: type[RunOwner], row_id: int, error: str, status: str = "failed",
     be idempotent)."""
     if status not in model.TERMINAL - {"completed"}:
         raise ValueError(f"a row fails as failed or cancelled, not {status!r}")
+    # the row's lock, then what the hook ends; a turn ending a node takes the node's, then the row's (its
+    # totals): when a cancel crosses one, Postgres aborts the transaction that waited first, done again here
+    # (outside a caller's transaction, which is the caller's to retry)
+    for attempt in range(1, DEADLOCK_ATTEMPTS + 1):
+        try:
+            return _fail(model, row_id, error, status, namespace)
+        except OperationalError as exc:
+            if (connection.in_atomic_block or attempt == DEADLOCK_ATTEMPTS
+                    or not isinstance(exc.__cause__, DeadlockDetected)):
+                raise
+
+
+def _fail(model: type[RunOwner], row_id: int, error: str, status: str, namespace: str | None) -> None:
     owner = owner_of(model)
     rows = model.objects.filter(pk=row_id)
     if namespace is not None:

@@ -341,6 +341,44 @@ def test_cancelling_an_invocation_cancels_its_run_and_ends_its_waiting_node(make
     assert invocation_cancel(invocation=invocation) is False
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_that_deadlocks_with_a_node_ending_is_done_again_not_a_server_error(make_version, settle):
+    """A node's end takes its row's lock, then its invocation's (the totals); a cancel takes the invocation's, then
+    the open nodes'. When the two cross, Postgres aborts the one that waited first, here the cancel: it is done
+    again once the node's end committed, as an operator's click expects, never a 500."""
+    import threading
+    import time
+
+    from django.db import connection, transaction
+    from django.db.models import F
+
+    from workflows.services import invocation_cancel
+
+    version = make_version(graph("a", node("a", approval=True)))
+    invocation = settle(invocation_start(version=version, input={"text": "x"}))
+    (waiting,) = nodes_of(invocation)
+    holding, crossed = threading.Event(), threading.Event()
+
+    def node_end():
+        try:
+            with transaction.atomic():
+                NodeInvocation.objects.filter(pk=waiting.pk).update(error=F("error"))
+                holding.set()
+                time.sleep(0.4)  # the cancel is waiting on the node's row by now
+                WorkflowInvocation.objects.filter(pk=invocation.pk).update(usd_cost=F("usd_cost"))
+                crossed.set()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=node_end)
+    thread.start()
+    assert holding.wait(10)
+    assert invocation_cancel(invocation=invocation, reason="not needed") is True
+    thread.join(10)
+    assert crossed.is_set()  # the node's end went through: the cancel was the one aborted
+    assert invocation.status == "cancelled" and [n.status for n in nodes_of(invocation)] == ["failed"]
+
+
 def test_an_invocation_whose_run_ended_elsewhere_takes_its_end(make_version, settle):
     from durable import owners
     from durable.services import run_cancel
