@@ -240,8 +240,9 @@ def compare_versions(*, golden_set: GoldenSet, version_a: WorkflowVersion, versi
 
     conf = eval_settings()
     alpha = conf.alpha if alpha is None else alpha
-    run_a = latest_completed_run(golden_set=golden_set, version=version_a, covering=item_ids)
-    run_b = latest_completed_run(golden_set=golden_set, version=version_b, covering=item_ids)
+    covering = {} if item_ids is None else {"covering": item_ids}
+    run_a = latest_completed_run(golden_set=golden_set, version=version_a, **covering)
+    run_b = latest_completed_run(golden_set=golden_set, version=version_b, **covering)
     missing = [str(v.pk) for v, r in ((version_a, run_a), (version_b, run_b)) if r is None]
     if missing:
         where = "this set" if item_ids is None else "these items of the set"
@@ -288,7 +289,8 @@ def version_promote(*, candidate: WorkflowVersion, golden_set: GoldenSet, user=N
             raise EvalError({"workflow": ["has no active version to compare with"]})
         from evals.selectors import latest_completed_run
 
-        run = latest_completed_run(golden_set=golden_set, version=candidate, covering=item_ids)
+        run = latest_completed_run(golden_set=golden_set, version=candidate,
+                                   **({} if item_ids is None else {"covering": item_ids}))
         if run is None:
             raise EvalError({"workflow_version": ["has no completed eval run on this set"]})
         evidence = {"first_version": True, "eval_run": run.pk, "avg_score": run.avg_score, "pass_rate": run.pass_rate,
