@@ -16,7 +16,10 @@ item are reused within a workflow, and every workspace has its own workflows.
    benchmark measures search quality and rollouts, not throughput: wall times are reported for
    information only. Per generation: best / average / worst fitness, evaluations (full eval runs),
    item rollouts, cache hits, wall time; per run the lift of the best version over the base, both
-   measured by the same eval (EvolutionRun.base_fitness, best_fitness).
+   measured by the same eval (EvolutionRun.base_fitness, best_fitness: on the train split when the set
+   carries a held-out claim), and the held-out result (EvolutionRun.report): train / validation / test
+   fitness of base and best, the lift on the test split (which nothing in the search read) with its 95%
+   interval and paired test, and the train-test gap.
 2. Reflective (GEPA-style) on the same agents with the same budget (generations x population
    proposals), and the item rollouts each mode spent to reach its best: the run's cumulative rollouts
    (Generation.stats["run_rollouts"]) at the first generation whose run best is the final best, and
@@ -30,7 +33,8 @@ item are reused within a workflow, and every workspace has its own workflows.
    version_ancestors(deepest) and version_descendants(root) of each, median and p95 over `--repeats`
    calls, with the (version, depth) rows the recursive query walked (EXPLAIN ANALYZE).
 
-Targets: GP lifts each agent's fitness by at least +10%; reflective reaches GP's lift with at most a
+Targets: GP lifts each agent's fitness on the test split by at least +10% (on the whole set for a set
+without a held-out claim, said in the target); reflective reaches GP's lift with at most a
 third of GP's rollouts; each genealogy query under 20 ms (median and p95) at depth 1,000.
 
     make bench NAME=evolution
@@ -169,7 +173,7 @@ def run_evolution(*, workflow, golden_set, mode: str, config: dict, max_wait: fl
         "best_operation": getattr(best, "operation", None),
         "best_commit_message": getattr(best, "commit_message", "")[:300] if best else None,
         "base_fitness": run.base_fitness, "best_fitness": run.best_fitness,
-        "lift": run.lift,
+        "lift": run.lift, "held_out": run.held_out, "test_lift": run.test_lift, "report": held_out_of(run.report),
         "generations_done": run.generations_done, "evaluations": run.evaluations, "rollouts": run.rollouts,
         "cache_hits": run.cache_hits, "usd_cost": f"{run.usd_cost:f}", "wall_s": round(wall, 2),
         "generation_of_best": found["number"] if found else None,
@@ -178,6 +182,21 @@ def run_evolution(*, workflow, golden_set, mode: str, config: dict, max_wait: fl
         "generations": generations, "ledger": ledger,
         "completed": run.status == EvolutionRun.Status.COMPLETED,
     }
+
+
+def held_out_of(report: dict) -> dict:
+    """The run's generalization result as the tables show it: fitness of base and best on train / validation /
+    test (or the whole set without a held-out claim), the test lift with its 95% interval, the paired test."""
+    report = report or {}
+    test = report.get("test") or {}
+    comparison = test.get("comparison") or {}
+    sides = {role: {key: value for key, value in (report.get(role) or {}).items() if key != "version_id"}
+             for role in ("base", "best")}
+    return {"held_out": report.get("held_out"), "reason": report.get("reason", ""), "splits": report.get("splits"),
+            **sides, "test_lift": test.get("lift"), "test_lift_low": test.get("lift_low"),
+            "test_lift_high": test.get("lift_high"), "test_items": test.get("paired"),
+            "verdict": comparison.get("verdict"), "p_value": comparison.get("p_value"),
+            "train_test_gap": report.get("train_test_gap"), "test_error": report.get("test_error", "")}
 
 
 def eval_ledger(run) -> list[dict]:
@@ -367,9 +386,11 @@ def targets_of(results: dict) -> dict:
     for agent, modes in results["agents"].items():
         gp = modes.get("gp")
         if gp:
+            # the headline is the lift on the held-out test split; a set without one has only its search-set lift
+            lift, where = (gp["test_lift"], "test split") if gp["held_out"] else (gp["lift"], "whole set, no held-out")
             targets[f"gp_lift:{agent}"] = {
-                "target": f"GP lift on {agent} >= +{TARGET_LIFT:.0%}", "measured": _pct(gp["lift"]), "unit": "%",
-                "met": gp["lift"] is not None and gp["lift"] >= TARGET_LIFT}
+                "target": f"GP lift on {agent} ({where}) >= +{TARGET_LIFT:.0%}", "measured": _pct(lift), "unit": "%",
+                "met": lift is not None and lift >= TARGET_LIFT}
         comparison = modes.get("comparison")
         if comparison:
             targets[f"reflective_rollouts:{agent}"] = {
@@ -419,7 +440,29 @@ def report(results: dict) -> None:
                 rows.append([agent, mode, run["status"], run["base_fitness"], run["best_fitness"], _pct(run["lift"]),
                              run["evaluations"], run["rollouts"], run["generation_of_best"], run["rollouts_to_best"],
                              run["cache_hits"], run["wall_s"], run["best_operation"], run["stop_reason"]])
-    common.print_table("runs: the best version over the base, both measured by the same eval",
+    held = []
+    for agent, modes in results["agents"].items():
+        for mode in MODES:
+            run = modes.get(mode)
+            if not run:
+                continue
+            r = run["report"]
+            if not r.get("held_out"):
+                held.append([agent, mode, "no", r["base"].get("whole_set"), "-", "-", r["best"].get("whole_set"), "-",
+                             "-", "-", "-", "-", "-", r["reason"] or "-"])
+                continue
+            low, high = _pct(r["test_lift_low"]), _pct(r["test_lift_high"])
+            interval = "-" if low is None else f"{low} .. {high}"
+            held.append([agent, mode, "yes", r["base"].get("train"), r["base"].get("validation"), r["base"].get("test"),
+                         r["best"].get("train"), r["best"].get("validation"), r["best"].get("test"),
+                         _pct(r["test_lift"]), interval, f"{r['verdict']} (p {common.fmt(r['p_value'], 4)}, "
+                         f"{r['test_items']} items)", r["train_test_gap"], r["test_error"] or "-"])
+    common.print_table("held-out result: searched on train, best selected on validation, base and best scored once "
+                       "on test (fitness 0-100; the lift's interval is the paired bootstrap's, relative to the base's "
+                       "test score)",
+                       ["agent", "mode", "held out", "base train", "base val.", "base test", "best train", "best val.",
+                        "best test", "test lift %", "95% interval %", "paired test", "train-test gap", "note"], held)
+    common.print_table("runs: the best version over the base on the items the search scored (train when held out)",
                        ["agent", "mode", "status", "base", "best", "lift %", "evaluations", "rollouts",
                         "best in gen", "rollouts to best", "cache hits", "wall (s)", "best made by", "stop reason"],
                        rows)

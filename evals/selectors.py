@@ -4,15 +4,24 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from django.db.models import Q
+
 from evals import splits
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
 from workflows.models import WorkflowVersion
 
 
-def latest_completed_run(*, golden_set: GoldenSet, version: WorkflowVersion) -> EvalRun | None:
-    """The version's latest completed eval run over the whole set (a minibatch run is not one)."""
-    return EvalRun.objects.filter(golden_set=golden_set, workflow_version=version, status=EvalRun.Status.COMPLETED) \
-        .exclude(config__has_key="item_ids").order_by("-ended_at", "-pk").first()
+def latest_completed_run(*, golden_set: GoldenSet, version: WorkflowVersion,
+                         covering: list[int] | None = None) -> EvalRun | None:
+    """The version's latest completed eval run over the whole set (a minibatch run is not one); with `covering`,
+    over at least those items (a run of some items of the set, such as an evolution's test split, counts)."""
+    runs = EvalRun.objects.filter(golden_set=golden_set, workflow_version=version, status=EvalRun.Status.COMPLETED)
+    if covering is None:
+        return runs.exclude(config__has_key="item_ids").order_by("-ended_at", "-pk").first()
+    wanted = sorted({int(pk) for pk in covering})
+    # jsonb containment: a run's item_ids hold every wanted id, in any order
+    return runs.filter(Q(config__contains={"item_ids": wanted}) | ~Q(config__has_key="item_ids")) \
+        .order_by("-ended_at", "-pk").first()
 
 
 def run_scores(run: EvalRun, *, current_only: bool = True) -> dict[int, float | None]:

@@ -231,21 +231,27 @@ def eval_run_cancel(*, eval_run: EvalRun, reason: str = "cancelled by an operato
 # ------------------------------------------------------------------------------------- compare, promote
 
 def compare_versions(*, golden_set: GoldenSet, version_a: WorkflowVersion, version_b: WorkflowVersion,
-                     alpha: float | None = None) -> dict:
+                     alpha: float | None = None, item_ids: list[int] | None = None) -> dict:
     """The paired comparison of two versions on a set, from each one's latest completed eval run on
     it: per-item scores side by side (items both runs graded), the test, and the critical items
-    that b scores lower than a by more than the tolerance."""
+    that b scores lower than a by more than the tolerance. With `item_ids`, on those items alone, from each
+    one's latest completed run that covers them (the evidence names them)."""
     from evals.selectors import latest_completed_run, run_scores
 
     conf = eval_settings()
     alpha = conf.alpha if alpha is None else alpha
-    run_a = latest_completed_run(golden_set=golden_set, version=version_a)
-    run_b = latest_completed_run(golden_set=golden_set, version=version_b)
+    covering = {} if item_ids is None else {"covering": item_ids}
+    run_a = latest_completed_run(golden_set=golden_set, version=version_a, **covering)
+    run_b = latest_completed_run(golden_set=golden_set, version=version_b, **covering)
     missing = [str(v.pk) for v, r in ((version_a, run_a), (version_b, run_b)) if r is None]
     if missing:
-        raise EvalError({"versions": [f"version {pk} has no completed eval run on this set" for pk in missing]})
+        where = "this set" if item_ids is None else "these items of the set"
+        raise EvalError({"versions": [f"version {pk} has no completed eval run on {where}" for pk in missing]})
     scores_a, scores_b = run_scores(run_a), run_scores(run_b)
-    items = {item.pk: item for item in GoldenItem.objects.filter(golden_set=golden_set)}
+    items = GoldenItem.objects.filter(golden_set=golden_set)
+    if item_ids is not None:
+        items = items.filter(pk__in=item_ids)
+    items = {item.pk: item for item in items}
     paired = [pk for pk in sorted(items, key=lambda pk: (items[pk].position, pk))
               if scores_a.get(pk) is not None and scores_b.get(pk) is not None]
     comparison: Comparison = paired_comparison([scores_a[pk] for pk in paired], [scores_b[pk] for pk in paired],
@@ -256,6 +262,7 @@ def compare_versions(*, golden_set: GoldenSet, version_a: WorkflowVersion, versi
     critical += [{"item": pk, "a": scores_a[pk], "b": None} for pk in items
                  if items[pk].critical and scores_a.get(pk) is not None and scores_b.get(pk) is None]
     return {"golden_set": golden_set.pk, "version_a": version_a.pk, "version_b": version_b.pk,
+            **({} if item_ids is None else {"item_ids": sorted(items)}),
             "eval_run_a": run_a.pk, "eval_run_b": run_b.pk, "comparison": comparison.as_dict(),
             "critical_regressions": critical, "critical_tolerance": conf.critical_tolerance,
             "items": [{"item": pk, "a": scores_a.get(pk), "b": scores_b.get(pk), "critical": items[pk].critical}
@@ -263,12 +270,12 @@ def compare_versions(*, golden_set: GoldenSet, version_a: WorkflowVersion, versi
 
 
 def version_promote(*, candidate: WorkflowVersion, golden_set: GoldenSet, user=None, alpha: float | None = None,
-                    force_first: bool = True) -> Promotion:
+                    force_first: bool = True, item_ids: list[int] | None = None) -> Promotion:
     """Make `candidate` the active version when the evidence supports it: significantly better than
     the active version on `golden_set` (paired test, p < alpha) and no critical item regressed beyond
-    the tolerance. Activation and its evidence are written in one transaction; a concurrent
-    activation of the same workflow makes this one refuse (compare again). With no active version,
-    the candidate is activated on its own eval run (`force_first`)."""
+    the tolerance; with `item_ids`, on those items alone (compare_versions). Activation and its evidence
+    are written in one transaction; a concurrent activation of the same workflow makes this one refuse
+    (compare again). With no active version, the candidate is activated on its own eval run (`force_first`)."""
     from workflows.services import workflow_version_activate
 
     if candidate.status == WorkflowVersion.Status.ACTIVE:
@@ -282,12 +289,15 @@ def version_promote(*, candidate: WorkflowVersion, golden_set: GoldenSet, user=N
             raise EvalError({"workflow": ["has no active version to compare with"]})
         from evals.selectors import latest_completed_run
 
-        run = latest_completed_run(golden_set=golden_set, version=candidate)
+        run = latest_completed_run(golden_set=golden_set, version=candidate,
+                                   **({} if item_ids is None else {"covering": item_ids}))
         if run is None:
             raise EvalError({"workflow_version": ["has no completed eval run on this set"]})
-        evidence = {"first_version": True, "eval_run": run.pk, "avg_score": run.avg_score, "pass_rate": run.pass_rate}
+        evidence = {"first_version": True, "eval_run": run.pk, "avg_score": run.avg_score, "pass_rate": run.pass_rate,
+                    **({} if item_ids is None else {"item_ids": sorted(int(pk) for pk in item_ids)})}
     else:
-        evidence = compare_versions(golden_set=golden_set, version_a=active, version_b=candidate, alpha=alpha)
+        evidence = compare_versions(golden_set=golden_set, version_a=active, version_b=candidate, alpha=alpha,
+                                    item_ids=item_ids)
         verdict = evidence["comparison"]["verdict"]
         if verdict != "better":
             raise PromotionRefused(

@@ -22,6 +22,7 @@ from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.db.models import Case, F, FloatField, Q, When
 from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -30,7 +31,7 @@ from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmi
 from config.display import moment, usd
 from config.display import seconds as seconds_text
 from evolution import charts
-from evolution.admin_views import EvolutionRunViews, admin_link, admin_url, fitness_text
+from evolution.admin_views import EvolutionRunViews, admin_link, admin_url, fitness_text, p_text
 from evolution.models import EvolutionRun, Generation, Individual
 from evolution.selectors import run_genealogy_versions
 from workflows.admin import WorkspaceFilter, durable_run_link, excerpt, full_object, json_html, status_badge
@@ -110,21 +111,25 @@ class EvolutionRunAdmin(EvolutionRunViews, PostActionsMixin, WorkspaceScopedAdmi
         (None, {"fields": ("workflow_link", "golden_set_link", "mode", "status_display", "stop_reason_display",
                            "error_pretty", "goal_display", "created_by", "created_at", "started_at", "ended_at",
                            "duration_display", "run_link")}),
-        ("Versions", {"fields": ("base_version_link", "best_version_link", "lift_display")}),
+        ("Versions", {"fields": ("base_version_link", "best_version_link", "lift_display", "held_out_display")}),
         ("Counters", {"fields": ("generations_display", "evaluations", "rollouts", "cache_hits", "cost_display")}),
         ("Configuration", {"fields": ("config_pretty",)}),
     )
     readonly_fields = ("workflow_link", "golden_set_link", "mode", "status_display", "stop_reason_display",
                        "error_pretty", "goal_display", "created_by", "created_at", "started_at", "ended_at",
                        "duration_display", "run_link", "base_version_link", "best_version_link", "lift_display",
-                       "generations_display", "evaluations", "rollouts", "cache_hits", "cost_display",
-                       "config_pretty")
+                       "held_out_display", "generations_display", "evaluations", "rollouts", "cache_hits",
+                       "cost_display", "config_pretty")
 
     def get_queryset(self, request):
-        return super().get_queryset(request).defer("config", "error", "goal_text", "workflow__description").annotate(
-            planned=KT("config__generations"),
-            lift_value=Case(When(base_fitness__gt=0, then=(F("best_fitness") - F("base_fitness")) / F("base_fitness")),
-                            default=None, output_field=FloatField()))
+        # the lift shown is the test split's when the run has one, else the search set's
+        return super().get_queryset(request).defer("config", "error", "goal_text", "report",
+                                                    "workflow__description").annotate(
+            planned=KT("config__generations"), test_lift_value=Cast(KT("report__test__lift"), FloatField()),
+            lift_value=Coalesce(
+                F("test_lift_value"),
+                Case(When(base_fitness__gt=0, then=(F("best_fitness") - F("base_fitness")) / F("base_fitness")),
+                     default=None, output_field=FloatField())))
 
     def get_object(self, request, object_id, from_field=None):
         queryset = EvolutionRun.objects.select_related(
@@ -183,12 +188,28 @@ class EvolutionRunAdmin(EvolutionRunViews, PostActionsMixin, WorkspaceScopedAdmi
 
     @admin.display(description="lift", ordering="lift_value")
     def lift_display(self, run):
-        lift = run.lift_value if hasattr(run, "lift_value") else run.lift
+        listed = hasattr(run, "lift_value")
+        on_test = (run.test_lift_value if listed else run.test_lift) is not None
+        lift = run.lift_value if listed else (run.test_lift if on_test else run.lift)
         text = lift_text(lift)
         if lift is None:
             return text
-        return format_html('<span class="{}">{}</span>', "evo-up" if lift > 0 else "evo-down" if lift < 0 else "",
-                           text)
+        return format_html('<span class="{}">{}</span> <span class="wf-muted evo-lift-on">{}</span>',
+                           "evo-up" if lift > 0 else "evo-down" if lift < 0 else "", text,
+                           "on test" if on_test else "on the search set")
+
+    @admin.display(description="held-out claim")
+    def held_out_display(self, run):
+        report = run.report or {}
+        if report.get("held_out"):
+            counts = report.get("splits") or {}
+            return format_html('<span id="evo-held-out">yes</span> <span class="wf-muted">searched on {} train items, '
+                               "selected on {} validation items, reported on {} test items</span>",
+                               counts.get("train", "-"), counts.get("validation", "-"), counts.get("test", "-"))
+        if report.get("held_out") is False:
+            return format_html('<span id="evo-held-out">no</span> <span class="wf-muted">searched and selected on the '
+                               "whole set: {}</span>", report.get("reason") or "-")
+        return "-"
 
     @admin.display(description="cost", ordering="usd_cost")
     def cost(self, run):
@@ -328,6 +349,7 @@ class EvolutionRunAdmin(EvolutionRunViews, PostActionsMixin, WorkspaceScopedAdmi
             "genealogy_count": len(nodes), "genealogy_truncated": len(versions) >= GENEALOGY_LIMIT,
             "genealogy_limit": GENEALOGY_LIMIT,
             "generation_rows": table,
+            "report": report_context(run),
             "individual_count": len(individuals), "individuals_truncated": len(individuals) > INDIVIDUAL_ROWS,
             "individual_limit": INDIVIDUAL_ROWS,
             "individuals_url": reverse("admin:evolution_individual_changelist") + f"?q={run.pk}",
@@ -340,6 +362,37 @@ class EvolutionRunAdmin(EvolutionRunViews, PostActionsMixin, WorkspaceScopedAdmi
             **{f"{name}_url": reverse(f"admin:{info}_{name}", args=[quote(run.pk)])
                for name in ("pause", "resume", "cancel", "promote")},
         }
+
+
+SPLIT_COLUMNS = {True: (("train", "train"), ("validation", "validation"), ("test", "test")),
+                 False: (("whole_set", "whole set"),)}
+
+
+def report_context(run: EvolutionRun) -> dict | None:
+    """The run's generalization result as the page shows it: fitness of base and best on each split it scored
+    (or on the whole set without a held-out claim), the test lift with its interval and paired test, the gap."""
+    report = run.report or {}
+    if not report:
+        return None
+    held_out = bool(report.get("held_out"))
+    columns = SPLIT_COLUMNS[held_out]
+    rows = [{"role": role, "version_id": (report.get(role) or {}).get("version_id"),
+             "values": [fitness_text((report.get(role) or {}).get(key)) for key, _ in columns]}
+            for role in ("base", "best")]
+    test = report.get("test") or {}
+    comparison = test.get("comparison") or {}
+    lift = test.get("lift")
+    return {
+        "held_out": held_out, "reason": report.get("reason", ""), "splits": report.get("splits") or {},
+        "columns": [label for _, label in columns], "rows": rows, "scored": bool(test),
+        "lift": lift_text(lift), "lift_class": "" if lift is None else "evo-up" if lift > 0 else "evo-down" if lift < 0
+        else "", "lift_low": lift_text(test.get("lift_low")), "lift_high": lift_text(test.get("lift_high")),
+        "mean_diff": signed_text(comparison.get("mean_diff")), "ci_low": signed_text(comparison.get("ci_low")),
+        "ci_high": signed_text(comparison.get("ci_high")), "p_value": p_text(comparison.get("p_value")),
+        "verdict": comparison.get("verdict", "-"), "alpha": comparison.get("alpha"), "paired": test.get("paired"),
+        "gap": signed_text(report.get("train_test_gap")), "error": report.get("test_error", ""),
+        "ended": run.status in EvolutionRun.TERMINAL,
+    }
 
 
 def _delta(stats: dict, previous: dict, key: str):

@@ -68,9 +68,10 @@ def evidence_text(evidence) -> str:
     if not comparison:
         return ""
     diff = comparison.get("mean_diff")
+    where = " of the test split" if evidence.get("item_ids") else ""
     text = (f"Evidence: verdict {comparison.get('verdict')}, p = {p_text(comparison.get('p_value'))} "
             f"(alpha {comparison.get('alpha')}), mean difference {'-' if diff is None else f'{diff:+.3f}'} "
-            f"on {comparison.get('n')} paired items against the active version.")
+            f"on {comparison.get('n')} paired items{where} against the active version.")
     regressions = evidence.get("critical_regressions") or []
     if regressions:
         text += f" {len(regressions)} critical item(s) regressed: " + ", ".join(

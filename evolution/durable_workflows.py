@@ -14,6 +14,15 @@
 - ``iterative``: reflective with a frontier of one: an offspring replaces its parent only when the
   paired test on the full set says it is significantly better.
 
+Held-out items (evals/splits.py): when the golden set can carry a held-out claim
+(evals.selectors.split_plan), the search scores individuals on the train split only ("the full
+set" above is the train split, and minibatches are drawn from it); the run's best and the
+convergence rule read the validation split, on which the base and each generation's top
+VALIDATED_PER_GENERATION by train fitness are scored (each version once); at the end the base and
+the best are scored on the test split, which nothing before read, and the report
+(execution.test_report, EvolutionRun.report) compares them there. A set that cannot carry the
+claim is searched and selected on whole, as the report states with the plan's reason.
+
 Every individual is scored by an eval run (a child run; results of the same version on the same
 item are reused, so a genome is never paid twice, and an offspring identical to an existing version
 is that version). Random choices come from generators seeded by the run's seed and the decision
@@ -29,6 +38,7 @@ generation boundary for the signal `resume:<boundary>` that evolution_resume sen
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from datetime import datetime
 from decimal import Decimal
@@ -46,6 +56,7 @@ from workflows.durable_workflows import queued_call_options
 
 EVOLVE_WORKFLOW = "evolution.run"
 MERGE_PROBABILITY = 0.25
+VALIDATED_PER_GENERATION = 3  # each generation's candidates for the run's best, by search fitness
 
 
 class BudgetSpent(Exception):
@@ -77,45 +88,70 @@ class Loop:
         self.config = plan["config"]
         self.base = plan["base_version_id"]
         self.items = plan["items"]
+        # a run begun before splits were read has no "held_out": it searches the whole set, as it began to
+        self.held_out = bool(plan.get("held_out"))
+        splits = plan.get("splits") or {}
+        self.search_items = splits["train"] if self.held_out else self.items
+        self.validation_items = splits["validation"] if self.held_out else []
+        self.test_items = splits["test"] if self.held_out else []
         self.started = datetime.fromisoformat(plan["started_at"])
-        self.scores: dict[int, dict] = {}  # full-set measurements by version
+        self.scores: dict[int, dict] = {}  # measurements on the search items (train, else the whole set) by version
+        self.validation: dict[int, dict] = {}  # measurements on the validation split by version (held out only)
         self.totals = {"evaluations": 0, "rollouts": 0, "cache_hits": 0, "usd": Decimal(0)}
-        self.best_history: list[float] = []
+        self.best_history: list[float] = []  # the run best's selection fitness after each generation
         self.made: dict[int, dict] = {}  # version -> how it was made (kind, note, parents)
 
     def run(self) -> dict:
         try:
-            return self.loop()
+            reason = self.loop()
         except BudgetSpent as spent:
-            return self.summary(str(spent))
+            reason = str(spent)
+        return self.summary(reason)
 
-    def loop(self) -> dict:
+    def loop(self) -> str:
+        """Search until a stop rule or the planned work ends; returns why it stopped."""
         raise NotImplementedError
 
     # -- scoring
 
     def evaluate(self, label: str, version_ids: list[int], items: list[int] | None = None) -> dict[int, dict]:
-        """Score versions on the full set (each once per run) or on `items` (a minibatch)."""
-        wanted = list(dict.fromkeys(version_ids))
-        todo = wanted if items is not None else [v for v in wanted if v not in self.scores]
-        measured: dict[int, dict] = {}
-        if todo:
-            created = self.ctx.transaction(f"evals:{label}", execution.eval_runs_create, self.run_id, todo, items,
-                                           self.budget_share(len(todo)))
-            children = [Child(EVAL_WORKFLOW, {"eval_run_id": eval_run}, name=f"eval:{label}:{version}")
-                        for version, eval_run in created.items() if isinstance(eval_run, int)]
-            self.ctx.all(children, return_exceptions=True)
-            for version, record in self.ctx.step(f"scores:{label}", execution.eval_scores, created).items():
-                measured[int(version)] = record
-                self.totals["rollouts"] += record["rollouts"]
-                self.totals["cache_hits"] += record["cache_hits"]
-                self.totals["usd"] += Decimal(record["usd"])
-                if items is None:
-                    self.scores[int(version)] = record
-                    self.totals["evaluations"] += 1
+        """Score versions on the search items (the train split with a held-out claim, else the whole set; each
+        version once per run) or on `items` (a minibatch of them)."""
         if items is not None:
-            return measured
+            return self.measure(label, list(dict.fromkeys(version_ids)), items)
+        wanted = list(dict.fromkeys(version_ids))
+        todo = [v for v in wanted if v not in self.scores]
+        measured = self.measure(label, todo, self.search_items if self.held_out else None)
+        self.scores.update(measured)
+        self.totals["evaluations"] += len(measured)
         return {v: self.scores[v] for v in wanted}
+
+    def validate(self, label: str, version_ids: list[int]) -> None:
+        """Score versions on the validation split (held out only), each once per run. Skipped once the budget is
+        spent: the stop rules then end the run at their next check."""
+        todo = [v for v in dict.fromkeys(version_ids) if v not in self.validation]
+        if not self.held_out or not todo:
+            return
+        with contextlib.suppress(BudgetSpent):
+            self.validation.update(self.measure(f"val:{label}", todo, self.validation_items))
+
+    def measure(self, label: str, version_ids: list[int], item_ids: list[int] | None) -> dict[int, dict]:
+        """An eval run of each version on `item_ids` (None: the whole set), driven as children; what each
+        measured, its work and spend counted in the run's totals."""
+        if not version_ids:
+            return {}
+        created = self.ctx.transaction(f"evals:{label}", execution.eval_runs_create, self.run_id, version_ids,
+                                       item_ids, self.budget_share(len(version_ids)))
+        children = [Child(EVAL_WORKFLOW, {"eval_run_id": eval_run}, name=f"eval:{label}:{version}")
+                    for version, eval_run in created.items() if isinstance(eval_run, int)]
+        self.ctx.all(children, return_exceptions=True)
+        measured: dict[int, dict] = {}
+        for version, record in self.ctx.step(f"scores:{label}", execution.eval_scores, created).items():
+            measured[int(version)] = record
+            self.totals["rollouts"] += record["rollouts"]
+            self.totals["cache_hits"] += record["cache_hits"]
+            self.totals["usd"] += Decimal(record["usd"])
+        return measured
 
     def fitness(self, version: int) -> float:
         return self.scores[version]["fitness"]
@@ -123,7 +159,17 @@ class Loop:
     def rank(self, versions) -> list[int]:
         return sorted(dict.fromkeys(versions), key=lambda v: (-self.fitness(v), v))
 
+    def selection_fitness(self, version: int) -> float | None:
+        """What selecting the run's best and the convergence rule read: validation with a held-out claim."""
+        if not self.held_out:
+            return self.fitness(version)
+        return self.validation[version]["fitness"] if version in self.validation else None
+
     def best(self) -> int:
+        """The run's best: the best validation fitness with a held-out claim (the search fitness breaking ties),
+        else the best search fitness."""
+        if self.held_out and self.validation:
+            return min(self.validation, key=lambda v: (-self.validation[v]["fitness"], -self.fitness(v), v))
         return self.rank(self.scores)[0]
 
     # -- control
@@ -160,19 +206,27 @@ class Loop:
         return ""
 
     def record(self, number: int, members: list[int], survivors: set[int], started: datetime) -> None:
-        fitnesses = [self.fitness(v) for v in members if v in self.scores]
+        """The generation's row; first, with a held-out claim, its candidates for the run's best (the base in
+        generation 0, and the generation's top VALIDATED_PER_GENERATION by search fitness) scored on validation."""
+        scored = [v for v in members if v in self.scores]
+        self.validate(f"g{number}", ([self.base] if number == 0 else []) + self.rank(scored)[:VALIDATED_PER_GENERATION])
+        fitnesses = [self.fitness(v) for v in scored]
         best = self.best()
         previous = self.best_history[-1] if self.best_history else None
-        self.best_history.append(self.fitness(best))
+        current = self.selection_fitness(best)
+        self.best_history.append(current if current is not None else self.fitness(best))
         elapsed_hours = max((self.ctx.now() - self.started).total_seconds() / 3600, 1e-9)
         stats = {
             "best": max(fitnesses) if fitnesses else None, "avg": statistics.fmean(fitnesses) if fitnesses else None,
             "worst": min(fitnesses) if fitnesses else None,
             "stddev": statistics.pstdev(fitnesses) if len(fitnesses) > 1 else 0.0,
             "best_version_id": max(members, key=lambda v: (self.fitness(v), -v)) if fitnesses else None,
-            "members": len(members), "improvement": None if previous is None else self.fitness(best) - previous,
+            "members": len(members), "improvement": None if previous is None else self.best_history[-1] - previous,
             "run_best_version_id": best, "run_best_fitness": self.fitness(best),
             "base_fitness": self.scores[self.base]["fitness"] if self.base in self.scores else None,
+            "selected_on": "validation" if self.held_out else "search set",
+            "run_best_validation_fitness": self.selection_fitness(best) if self.held_out else None,
+            "base_validation_fitness": self.selection_fitness(self.base) if self.held_out else None,
             "run_evaluations": self.totals["evaluations"], "run_rollouts": self.totals["rollouts"],
             "run_cache_hits": self.totals["cache_hits"], "run_usd": f"{self.totals['usd']:f}",
             "evaluations_per_hour": round(self.totals["evaluations"] / elapsed_hours, 2),
@@ -185,14 +239,46 @@ class Loop:
                          "kind": made.get("kind", ""), "note": made.get("note", ""),
                          "survived": version in survivors})
         self.ctx.step(f"generation:{number}", execution.record_generation, self.run_id, number, rows, stats,
-                      started.isoformat())
+                      started.isoformat(), self.report_so_far(best))
+
+    # -- the result
+
+    def side(self, version: int) -> dict:
+        """A version's fitness on each split the run has scored it on."""
+        if not self.held_out:
+            return {"version_id": version, "whole_set": self.scores.get(version, {}).get("fitness")}
+        return {"version_id": version, "train": self.scores.get(version, {}).get("fitness"),
+                "validation": self.selection_fitness(version) if version in self.scores else None, "test": None}
+
+    def report_so_far(self, best: int) -> dict:
+        """The report before the test split is scored: the claim the run can make, base and best so far."""
+        return {"held_out": self.held_out, "reason": self.plan.get("held_out_reason", ""),
+                "selected_on": "validation" if self.held_out else "whole set",
+                "splits": self.plan.get("split_counts") or {}, "base": self.side(self.base), "best": self.side(best),
+                "test": None}
+
+    def report(self, best: int) -> dict:
+        """The generalization result: base and best scored once on the test split, which nothing before read
+        (held out only), and compared there (execution.test_report). Without budget left, the report says the
+        test split went unscored."""
+        report = self.report_so_far(best)
+        if not self.held_out:
+            return report
+        try:
+            measured = self.measure("test", [self.base, best], self.test_items)
+        except BudgetSpent as spent:
+            return {**report, "test_error": f"the test split was not scored: {spent}"}
+        return self.ctx.step("report", execution.test_report, report, self.test_items,
+                             measured.get(self.base, {}), measured.get(best, {}))
 
     def summary(self, reason: str) -> dict:
         best = self.best()
+        report = self.report(best)
         return {"stop_reason": reason, "best_version_id": best, "best_fitness": self.fitness(best),
                 "base_fitness": self.scores[self.base]["fitness"], "generations": len(self.best_history),
                 "evaluations": self.totals["evaluations"], "rollouts": self.totals["rollouts"],
-                "cache_hits": self.totals["cache_hits"], "usd": f"{self.totals['usd']:f}"}
+                "cache_hits": self.totals["cache_hits"], "usd": f"{self.totals['usd']:f}",
+                "held_out": self.held_out, "held_out_reason": report["reason"], "report": report}
 
 
 def reflect_options() -> dict:
@@ -202,7 +288,7 @@ def reflect_options() -> dict:
 
 
 class GeneticProgramming(Loop):
-    def loop(self) -> dict:
+    def loop(self) -> str:
         c = self.config
         started = self.ctx.now()
         members = self.ctx.step("population", execution.initial_population, self.run_id)
@@ -229,7 +315,7 @@ class GeneticProgramming(Loop):
             pool = list(dict.fromkeys(population + new))
             population = self.rank(pool)[:c["population"]]
             self.record(number, pool, set(population), started)
-        return self.summary(reason or f"{len(self.best_history)} generations done")
+        return reason or f"{len(self.best_history)} generations done"
 
     def select(self, ranked: list[int], number: int) -> list[int]:
         """The elites, then tournament winners until half the population (docs/evolution-defaults.md)."""
@@ -243,7 +329,7 @@ class GeneticProgramming(Loop):
 
 
 class Reflective(Loop):
-    def loop(self) -> dict:
+    def loop(self) -> str:
         c = self.config
         iterative = self.plan["mode"] == "iterative"
         started = self.ctx.now()
@@ -276,12 +362,12 @@ class Reflective(Loop):
                 members = [v for v in block if v in self.scores] or [self.best()]
                 self.record(len(self.best_history), members, set(candidates), block_start)
                 block, block_start = [], self.ctx.now()
-        return self.summary(reason or f"{iterations} proposals made")
+        return reason or f"{iterations} proposals made"
 
     def try_child(self, child: int, parent: int, iteration: int, iterative: bool) -> bool:
-        """Minibatch first; the full set only when the child beats its parent there."""
+        """Minibatch first (drawn from the search items); all of them only when the child beats its parent there."""
         rng = execution.generator(self.config["seed"], "minibatch", iteration)
-        items = sorted(rng.sample(self.items, min(self.config["minibatch"], len(self.items))))
+        items = sorted(rng.sample(self.search_items, min(self.config["minibatch"], len(self.search_items))))
         quick = self.evaluate(f"mb{iteration}", [child], items=items).get(child, {})
         parent_scores = self.scores[parent]["scores"]
         before = [parent_scores.get(str(item)) or 0.0 for item in items]
@@ -294,7 +380,8 @@ class Reflective(Loop):
         from evals.stats import paired_comparison
 
         mine, theirs = self.scores[child]["scores"], parent_scores
-        paired = [item for item in map(str, self.items) if mine.get(item) is not None and theirs.get(item) is not None]
+        paired = [item for item in map(str, self.search_items)
+                  if mine.get(item) is not None and theirs.get(item) is not None]
         # kept only when significantly better (with fewer than 6 items Wilcoxon never is at alpha 0.05)
         return paired_comparison([theirs[i] for i in paired], [mine[i] for i in paired]).verdict == "better"
 
@@ -303,7 +390,7 @@ class Reflective(Loop):
         frontier version leading on other items to merge with."""
         rng = execution.generator(self.config["seed"], "pick", iteration)
         leads: dict[int, set[str]] = {v: set() for v in candidates}
-        for item in map(str, self.items):
+        for item in map(str, self.search_items):
             scores = {v: self.scores[v]["scores"].get(item) or 0.0 for v in candidates}
             top = max(scores.values())
             for version, score in scores.items():

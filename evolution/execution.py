@@ -13,7 +13,7 @@ from decimal import Decimal
 from django.db import transaction
 from django.db.models import Sum
 
-from evals.models import EvalRun, GoldenItem, GoldenResult
+from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
 from evolution.models import EvolutionRun, Generation, Individual
 from workflows.models import WorkflowInvocation, WorkflowVersion
 
@@ -36,7 +36,20 @@ def evolution_plan(run: EvolutionRun) -> dict:
                  .values_list("pk", flat=True))
     return {"run_id": run.pk, "mode": run.mode, "config": run.config, "base_version_id": run.base_version_id,
             "golden_set_id": run.golden_set_id, "items": items, "goal": run.goal_text,
-            "started_at": run.started_at.isoformat()}
+            "started_at": run.started_at.isoformat(), **evolution_splits(run.golden_set_id)}
+
+
+def evolution_splits(golden_set_id: int) -> dict:
+    """The splits a run reads, as its set holds them when it begins (one read: the plan and the ids agree):
+    `held_out` and, when the set cannot carry a held-out claim, `held_out_reason` (evals.selectors.split_plan);
+    `split_counts`; with the claim, `splits`, the ids of each split in the set's order."""
+    from evals.selectors import split_items, split_plan
+
+    ids = split_items(GoldenSet(pk=golden_set_id))
+    counts = {split: len(items) for split, items in ids.items()}
+    plan = split_plan(GoldenSet(pk=golden_set_id), counts=counts)
+    return {"held_out": plan.held_out, "held_out_reason": plan.reason, "split_counts": counts,
+            **({"splits": ids} if plan.held_out else {})}
 
 
 def evolution_finish(run_id: int, summary: dict) -> None:
@@ -48,7 +61,8 @@ def evolution_finish(run_id: int, summary: dict) -> None:
         best_version_id=summary.get("best_version_id"), best_fitness=summary.get("best_fitness"),
         base_fitness=summary.get("base_fitness"), evaluations=summary.get("evaluations", 0),
         rollouts=summary.get("rollouts", 0), cache_hits=summary.get("cache_hits", 0),
-        usd_cost=Decimal(str(summary.get("usd", "0"))), ended_at=now(), updated_at=now())
+        usd_cost=Decimal(str(summary.get("usd", "0"))), report=summary.get("report") or {}, ended_at=now(),
+        updated_at=now())
 
 
 def pause_point(run_id: int, boundary: str) -> bool:
@@ -112,6 +126,43 @@ def eval_scores(created: dict) -> dict:
             "rollouts": fresh.count(), "cache_hits": hits, "usd": eval_spent(run.pk),
             "eval_run": run.pk, "error": run.error if run.status != EvalRun.Status.COMPLETED else "",
         }
+    return out
+
+
+def test_report(report: dict, test_items: list[int], base: dict, best: dict) -> dict:
+    """`report` (Loop.report_so_far) completed with the test split's measurements of the base and the best
+    (eval_scores records): each one's test fitness, the lift on test, the paired test over the test items both
+    were graded on (evals.stats.paired_comparison, the promotion's: Wilcoxon signed-rank, and the bootstrap's
+    95% interval of the mean per-item score difference), that interval relative to the base's mean score on
+    test (the lift's interval: fitness is the average score's, offline and within the time and cost norms of
+    docs/fitness.md), and the train-test gap of the best (train fitness - test fitness, in fitness points)."""
+    from evals.conf import eval_settings
+    from evals.stats import paired_comparison
+
+    conf = eval_settings()
+    a, b = base.get("scores") or {}, best.get("scores") or {}
+    paired = [str(item) for item in test_items if a.get(str(item)) is not None and b.get(str(item)) is not None]
+    comparison = paired_comparison([a[i] for i in paired], [b[i] for i in paired], alpha=conf.alpha,
+                                   resamples=conf.bootstrap_resamples).as_dict()
+    base_test, best_test = base.get("fitness"), best.get("fitness")
+    mean_a = comparison["mean_a"]
+
+    def relative(value):
+        return None if value is None or not mean_a else round(value / mean_a, 6)
+
+    errors = "; ".join(f"{role}: {record['error']}" for role, record in (("base", base), ("best", best))
+                       if record.get("error"))
+    out = {**report, "base": {**report["base"], "test": base_test}, "best": {**report["best"], "test": best_test}}
+    out["test"] = {
+        "items": len(test_items), "paired": len(paired),
+        "eval_runs": {"base": base.get("eval_run"), "best": best.get("eval_run")},
+        "lift": round((best_test - base_test) / base_test, 6) if base_test and best_test is not None else None,
+        "lift_low": relative(comparison["ci_low"]), "lift_high": relative(comparison["ci_high"]),
+        "comparison": comparison, "item_ids": list(test_items)}
+    train = report["best"].get("train")
+    out["train_test_gap"] = round(train - best_test, 6) if train is not None and best_test is not None else None
+    if errors:
+        out["test_error"] = errors
     return out
 
 
@@ -266,9 +317,10 @@ def reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None, 
 
 # ---------------------------------------------------------------------------------------------- records
 
-def record_generation(run_id: int, number: int, members: list[dict], stats: dict, started_at: str) -> None:
+def record_generation(run_id: int, number: int, members: list[dict], stats: dict, started_at: str,
+                      report: dict | None = None) -> None:
     """The generation, its individuals (fitness, how each was made, whether it survived) and the run's
-    running totals. Idempotent."""
+    running totals and report so far. Idempotent."""
     with transaction.atomic():
         generation, _ = Generation.objects.update_or_create(
             evolution_run_id=run_id, number=number,
@@ -286,4 +338,4 @@ def record_generation(run_id: int, number: int, members: list[dict], stats: dict
             best_fitness=stats.get("run_best_fitness"), base_fitness=stats.get("base_fitness"),
             evaluations=stats.get("run_evaluations", 0), rollouts=stats.get("run_rollouts", 0),
             cache_hits=stats.get("run_cache_hits", 0), usd_cost=Decimal(str(stats.get("run_usd", "0"))),
-            updated_at=now())
+            **({"report": report} if report is not None else {}), updated_at=now())

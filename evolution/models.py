@@ -42,8 +42,13 @@ class EvolutionRun(RunOwner):
     paused_at = models.CharField(max_length=50, blank=True, default="")
     best_version = models.ForeignKey(WorkflowVersion, null=True, blank=True, on_delete=models.SET_NULL,
                                      related_name="+")
+    # fitness on the items the search scored: the train split with a held-out claim, else the whole set
     base_fitness = models.FloatField(null=True, blank=True)
     best_fitness = models.FloatField(null=True, blank=True)
+    # the generalization result (evolution/durable_workflows.py, Loop.report): whether the set carried a held-out
+    # claim (else why not), train / validation / test fitness of base and best, the test lift with its interval
+    # and paired test, the train-test gap; train and validation kept up to date while the run goes on
+    report = models.JSONField(default=dict, blank=True)
     generations_done = models.PositiveIntegerField(default=0)
     evaluations = models.PositiveIntegerField(default=0, help_text="Individuals scored (full eval runs).")
     rollouts = models.PositiveIntegerField(default=0, help_text="Item invocations run (reused results excluded).")
@@ -68,10 +73,21 @@ class EvolutionRun(RunOwner):
 
     @property
     def lift(self) -> float | None:
-        """The best fitness's relative gain over the base's (0.12 = +12%)."""
+        """The best fitness's relative gain over the base's on the items the search scored (0.12 = +12%): the
+        train split's with a held-out claim, where `test_lift` is the result."""
         if self.base_fitness and self.best_fitness is not None:
             return (self.best_fitness - self.base_fitness) / self.base_fitness
         return None
+
+    @property
+    def held_out(self) -> bool | None:
+        """Whether the run searched on train, selected on validation and reports on test (None: not known yet)."""
+        return self.report.get("held_out") if self.report else None
+
+    @property
+    def test_lift(self) -> float | None:
+        """The best version's relative gain over the base's on the test split (None without one)."""
+        return ((self.report or {}).get("test") or {}).get("lift")
 
 
 class Generation(models.Model):

@@ -108,10 +108,35 @@ def evolution_cancel(*, run: EvolutionRun, reason: str = "cancelled by an operat
 
 
 def evolution_promote_best(*, run: EvolutionRun, user=None):
-    """Promote the run's best version through the evals lifecycle (significantly better than the
-    active version on the run's golden set, no critical regression): evals.services.version_promote."""
+    """Promote the run's best version through the evals lifecycle (evals.services.version_promote: significantly
+    better than the active version, paired Wilcoxon test, no critical item regressed), judged on evidence the
+    search did not select on:
+
+    - a run with a held-out claim: on its test split alone (the items its report scored base and best on, which
+      nothing in the search read), from each version's latest completed eval run covering them;
+    - a run without one (a set too small to split, or a run from before splits): its best was chosen on the
+      very items a comparison of the whole set reads, so it is refused unless a fresh eval run of the whole set
+      backs it: the best's latest completed run of the set (the one evals' promotion reads) started after the
+      evolution ended and reused no result (every item answered again; reused results would be the search's
+      own). The operator runs it (reuse off), then promotes; the comparison is then evals' on the whole set.
+    """
+    from evals.selectors import latest_completed_run
     from evals.services import version_promote
 
     if run.best_version is None:
         raise EvolutionError({"best_version": ["the run has no best version yet"]})
+    report = run.report or {}
+    test = report.get("test") or {}
+    if report.get("held_out") and test.get("item_ids"):
+        return version_promote(candidate=run.best_version, golden_set=run.golden_set, user=user,
+                               item_ids=test["item_ids"])
+    if report.get("held_out"):
+        raise EvolutionError({"report": ["the run's test split has not been scored yet"]
+                              if run.status not in EvolutionRun.TERMINAL else
+                              [report.get("test_error") or "the run's test split was not scored"]})
+    fresh = latest_completed_run(golden_set=run.golden_set, version=run.best_version)
+    if fresh is None or fresh.reuse or run.ended_at is None or fresh.created_at <= run.ended_at:
+        raise EvolutionError({"report": [
+            "the run has no held-out claim: its best was selected on the items a promotion would judge it on. Run "
+            "an eval of the best version on the whole set without reusing results, then promote"]})
     return version_promote(candidate=run.best_version, golden_set=run.golden_set, user=user)

@@ -11,7 +11,8 @@ from workflows.api.serializers import NULLABLE_URI, _link
 from workflows.models import Workflow, WorkflowVersion
 
 GOAL_MAX = 10_000
-FITNESS_HELP = "The fitness (0-100, docs/fitness.md) of the version's eval run on the run's golden set."
+FITNESS_HELP = ("The fitness (0-100, docs/fitness.md) of the version's eval run on the items the search scored: the "
+                "train split with a held-out claim, else the whole golden set (`report` has every split).")
 # at most this many nodes in a genealogy (the run's individuals first), and in each of a lineage's lists
 GENEALOGY_MAX_NODES = 3000
 LINEAGE_MAX_NODES = 2000
@@ -64,6 +65,45 @@ class ConfigField(serializers.JSONField):
 
 # ------------------------------------------------------------------------------------------------ runs
 
+_FITNESS = {"type": "number", "nullable": True}
+_SIDE = {"type": "object", "description": "A version's fitness (0-100) on each split it was scored on: train, "
+                                          "validation and test with a held-out claim, whole_set without one.",
+         "properties": {"version_id": {"type": "integer"}, "train": _FITNESS, "validation": _FITNESS,
+                        "test": _FITNESS, "whole_set": _FITNESS}}
+REPORT_SCHEMA = {
+    "type": "object",
+    "description": "The generalization result. With a held-out claim (`held_out`), the search scored individuals on "
+                   "the train split, selected the best on validation, and scored base and best once on the test "
+                   "split at the end; without one (`reason` says why: a set too small to split), it searched and "
+                   "selected on the whole set and makes no claim beyond it. Train and validation are kept up to date "
+                   "while the run goes on; `test` is null until the end.",
+    "properties": {
+        "held_out": {"type": "boolean"},
+        "reason": {"type": "string", "description": "Why the set cannot carry a held-out claim (empty when it can)."},
+        "selected_on": {"type": "string", "description": "validation, or whole set."},
+        "splits": {"type": "object", "additionalProperties": {"type": "integer"},
+                   "description": "Items per split when the run began."},
+        "base": _SIDE, "best": _SIDE,
+        "test": {"type": "object", "nullable": True, "properties": {
+            "items": {"type": "integer"}, "paired": {"type": "integer", "description": "Test items both were graded "
+                                                                                      "on."},
+            "lift": {**_FITNESS, "description": "The best's relative fitness gain over the base's on test (0.12 = "
+                                                "+12%)."},
+            "lift_low": {**_FITNESS, "description": "The lift's 95% interval: the paired bootstrap interval of the "
+                                                    "mean per-item score difference, relative to the base's mean score "
+                                                    "on test."},
+            "lift_high": _FITNESS,
+            "comparison": {"type": "object", "description": "The paired test over the test items (evals' "
+                                                            "promotion test: Wilcoxon signed-rank p-value, bootstrap "
+                                                            "interval of the mean difference, verdict)."},
+            "eval_runs": {"type": "object", "properties": {"base": {"type": "integer", "nullable": True},
+                                                           "best": {"type": "integer", "nullable": True}}},
+            "item_ids": {"type": "array", "items": {"type": "integer"}}}},
+        "train_test_gap": {**_FITNESS, "description": "The best's train fitness minus its test fitness."},
+        "test_error": {"type": "string", "description": "Why the test split went (partly) unscored."},
+    },
+}
+
 class EvolutionRunSerializer(serializers.ModelSerializer):
     """A run in a list: where it stands, its counters and what it found (the detail adds its config)."""
 
@@ -83,7 +123,14 @@ class EvolutionRunSerializer(serializers.ModelSerializer):
     best_fitness = serializers.FloatField(read_only=True, allow_null=True, help_text="The best version's "
                                                                                      + FITNESS_HELP)
     lift = serializers.FloatField(read_only=True, allow_null=True,
-                                  help_text="The best fitness's relative gain over the base's (0.12 = +12%).")
+                                  help_text="The best fitness's relative gain over the base's on the items the search "
+                                            "scored (0.12 = +12%); with a held-out claim `test_lift` is the result.")
+    held_out = serializers.BooleanField(read_only=True, allow_null=True,
+                                        help_text="Whether the run searched on train, selected on validation and "
+                                                  "reports on test (null until it begins); `report` says why not.")
+    test_lift = serializers.FloatField(read_only=True, allow_null=True,
+                                       help_text="The best version's relative gain over the base's on the test split "
+                                                 "(the held-out result; null without one).")
     durable_run = serializers.CharField(source="durable_run_id", read_only=True, allow_null=True,
                                         help_text="The id of the durable run that drives it.")
     durable_run_url = serializers.SerializerMethodField()
@@ -96,7 +143,8 @@ class EvolutionRunSerializer(serializers.ModelSerializer):
         model = EvolutionRun
         fields = ["id", "url", "workspace", "workflow", "workflow_url", "golden_set", "golden_set_url", "mode",
                   "status", "paused_at", "stop_reason", "base_version", "base_version_url", "best_version",
-                  "best_version_url", "base_fitness", "best_fitness", "lift", "generations_done", "evaluations",
+                  "best_version_url", "base_fitness", "best_fitness", "lift", "held_out", "test_lift",
+                  "generations_done", "evaluations",
                   "rollouts", "cache_hits", "usd_cost", "durable_run", "durable_run_url", "generations_url",
                   "individuals_url", "genealogy_url", "created_by", "created_at", "updated_at", "started_at",
                   "ended_at"]
@@ -137,10 +185,15 @@ class EvolutionRunDetailSerializer(EvolutionRunSerializer):
                                                              "create operation for each one).")
     goal = serializers.CharField(source="goal_text", read_only=True)
     error = serializers.CharField(read_only=True, help_text="Why a failed or cancelled run ended.")
+    report = serializers.SerializerMethodField()
 
     class Meta(EvolutionRunSerializer.Meta):
-        fields = [*EvolutionRunSerializer.Meta.fields, "config", "goal", "error"]
+        fields = [*EvolutionRunSerializer.Meta.fields, "config", "goal", "error", "report"]
         read_only_fields = fields
+
+    @extend_schema_field(REPORT_SCHEMA)
+    def get_report(self, obj) -> dict:
+        return obj.report
 
 
 class EvolutionRunStartSerializer(serializers.Serializer):

@@ -259,12 +259,15 @@ class EvolutionRunViewSet(WorkspaceScopedMixin, mixins.CreateModelMixin, viewset
 
     @extend_schema(
         summary="Promote the run's best version over the workflow's active version when the evidence supports it",
-        description="As workflow-versions/{id}/promote/ on the run's golden set: the best version must be "
-                    "significantly better than the active version (paired Wilcoxon test on each one's latest "
-                    "completed eval run on the set) with no critical item regressed. 200 with the promotion; 409 "
-                    "with `error.evidence` when the evidence does not support it, and 409 naming the field when "
-                    "the run has no best version yet, the best version is already active or has no completed "
-                    "eval run on the set.",
+        description="As workflow-versions/{id}/promote/ on the run's golden set, judged on items the search did not "
+                    "select on: the best version must be significantly better than the active version (paired "
+                    "Wilcoxon test) with no critical item regressed, on the run's test split when it has a held-out "
+                    "claim (each one's latest completed eval run covering those items). A run without one is "
+                    "judged on the whole set only once a fresh eval run of the best backs it (started after the "
+                    "run ended, reuse off); until then 409 naming `report`. 200 with the promotion; 409 with "
+                    "`error.evidence` when the evidence does not support it, and 409 naming the field when the run "
+                    "has no best version yet, the best version is already active or has no completed eval run on "
+                    "the items.",
         request=None,
         responses={200: PromotionSerializer,
                    409: OpenApiResponse(PromoteBestRefusedBodySerializer,

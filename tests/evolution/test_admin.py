@@ -81,6 +81,15 @@ def small_run(facts, support_set, support_base, evolve):
     return run
 
 
+@pytest.fixture
+def held_out_run(facts, held_out_set, support_base, evolve):
+    """A real GP run on a set that carries a held-out claim (12 train, 6 validation, 6 test items)."""
+    run = evolve(support_base.workflow, held_out_set, config=SMALL)
+    assert run.status == "completed", run.error
+    assert run.report["held_out"] and run.test_lift > 0.1
+    return run
+
+
 def run_url(run, view: str = "change") -> str:
     return reverse(f"admin:evolution_evolutionrun_{view}", args=[run.pk])
 
@@ -219,6 +228,41 @@ def test_run_page_shows_config_counters_stop_reason_and_links(staff_client, smal
     # a completed run: nothing to pause, resume or cancel; its best can be promoted
     assert 'id="evo-promote"' in html
     assert not any(f'id="evo-{name}"' in html for name in ("pause", "resume", "cancel"))
+
+
+def test_run_page_shows_the_held_out_result(staff_client, held_out_run):
+    run = held_out_run
+    report, test = run.report, run.report["test"]
+    html = staff_client.get(run_url(run)).content.decode()
+    module = re.search(r'<div class="module wf-section" id="evo-report">.*?\n</div>', html, re.S).group(0)
+    assert "Generalization <small>(held-out test split)</small>" in module
+    assert "Searched on 12 train items, the best selected on 6 validation items, then base and best scored once " \
+           "on 6 test items that nothing in the search read." in module
+    for role in ("base", "best"):
+        cells = "".join(f"<td>{report[role][split]:.2f}</td>" for split in ("train", "validation", "test"))
+        assert f'<tr class="evo-report-{role}"><th>{role}</th>{cells}</tr>' in module
+    c = test["comparison"]
+    assert (f'<dd id="evo-test-lift"><span class="evo-up">{test["lift"] * 100:+.1f}%</span> <span class="wf-muted">'
+            f'95% interval {test["lift_low"] * 100:+.1f}% to {test["lift_high"] * 100:+.1f}%</span></dd>') in module
+    assert (f'better: Wilcoxon p = 0.0312 (alpha 0.05) on 6 paired items; mean score difference '
+            f'{c["mean_diff"]:+.2f} (95% interval {c["ci_low"]:+.2f} to {c["ci_high"]:+.2f})') in module
+    assert f'<dd id="evo-gap">{report["train_test_gap"]:+.2f} ' in module
+    assert '<span id="evo-held-out">yes</span>' in html and "active version on the run's test items" in html
+    # the list's lift is the test split's
+    listed = staff_client.get(reverse("admin:evolution_evolutionrun_changelist")).content.decode()
+    assert (f'<span class="evo-up">{test["lift"] * 100:+.1f}%</span> <span class="wf-muted evo-lift-on">on test'
+            '</span>') in listed
+
+
+def test_run_page_of_a_set_too_small_to_split_says_it_makes_no_held_out_claim(staff_client, small_run):
+    html = staff_client.get(run_url(small_run)).content.decode()
+    module = re.search(r'<div class="module wf-section" id="evo-report">.*?\n</div>', html, re.S).group(0)
+    assert "Generalization <small>(no held-out claim)</small>" in module
+    assert "Searched and selected on the whole set, so its lift is measured on the items it optimized: The set " \
+           "has 6 items: a held-out split needs at least 12 (EVAL_MIN_SPLIT_ITEMS)." in module
+    assert f'<tr class="evo-report-best"><th>best</th><td>{small_run.best_fitness:.2f}</td></tr>' in module
+    assert "evo-test-lift" not in module and '<span id="evo-held-out">no</span>' in html
+    assert "on a fresh eval run of support (reuse off: the run has no held-out claim)" in html
 
 
 def test_run_page_draws_the_fitness_of_each_generation(staff_client, small_run):
@@ -418,12 +462,18 @@ def test_cancel_ends_a_run_and_its_durable_run(staff_client, facts, support_set,
 
 # ------------------------------------------------------------------------------------------ promote best
 
-def test_promote_best_activates_it_over_the_active_base_with_the_evidence(staff_client, staff, small_run):
+def test_promote_best_activates_it_over_the_active_base_with_the_evidence(staff_client, staff, small_run, evaluate):
     base, best = small_run.base_version, small_run.best_version
     workflow_version_activate(version=base)
+    # no held-out claim (6 items): the search's own measurements of the whole set do not back a promotion
+    assert last_message(staff_client.post(run_url(small_run, "promote"))) == (
+        "Not promoted: report: the run has no held-out claim: its best was selected on the items a promotion would "
+        "judge it on. Run an eval of the best version on the whole set without reusing results, then promote.")
+    assert not Promotion.objects.exists()
+    assert evaluate(small_run.golden_set, best, reuse=False).status == "completed"  # a fresh eval run backs it
     response = staff_client.post(run_url(small_run, "promote"))
     assert response.status_code == 302 and response.url == run_url(small_run)
-    [text] = messages_of(response)
+    text = last_message(response)
     promotion = Promotion.objects.get()
     assert text.startswith(f"Promoted {best.dsl_hash[:12]} (the run's best, fitness {small_run.best_fitness:.2f})"
                            f" to the active version of support (it replaces version {base.dsl_hash[:12]}). "
@@ -437,12 +487,13 @@ def test_promote_best_activates_it_over_the_active_base_with_the_evidence(staff_
     assert last_message(again) == "Not promoted: workflow_version: is already the active version."
 
 
-def test_a_refused_promotion_shows_the_verdict_and_p_value_and_changes_nothing(staff_client, small_run):
+def test_a_refused_promotion_shows_the_verdict_and_p_value_and_changes_nothing(staff_client, small_run, evaluate):
     best = small_run.best_version
     peer = Individual.objects.filter(evolution_run=small_run, fitness=small_run.best_fitness) \
         .exclude(workflow_version=best).select_related("workflow_version").first()
     assert peer is not None  # an equally fit version: the best is not significantly better than it
     workflow_version_activate(version=peer.workflow_version)
+    assert evaluate(small_run.golden_set, best, reuse=False).status == "completed"
     response = staff_client.post(run_url(small_run, "promote"))
     [text] = messages_of(response)
     assert text.startswith("Not promoted: the candidate is not significantly better than the active version (no "
@@ -450,6 +501,24 @@ def test_a_refused_promotion_shows_the_verdict_and_p_value_and_changes_nothing(s
                            "p = 1.0000 (alpha 0.05), mean difference +0.000 on 6 paired items")
     best.refresh_from_db()
     assert best.status == "candidate" and not Promotion.objects.exists()
+
+
+def test_promote_best_of_a_held_out_run_is_judged_on_its_test_items(staff_client, held_out_run):
+    from evals.selectors import split_items
+
+    run = held_out_run
+    workflow_version_activate(version=run.base_version)
+    response = staff_client.post(run_url(run, "promote"))
+    [text] = messages_of(response)
+    assert "Evidence: verdict better, p = 0.0312 (alpha 0.05), mean difference +" in text
+    assert "on 6 paired items of the test split against the active version." in text
+    promotion = Promotion.objects.get()
+    evidence = promotion.evidence
+    assert promotion.workflow_version == run.best_version
+    assert evidence["item_ids"] == sorted(split_items(run.golden_set)["test"]) and evidence["comparison"]["n"] == 6
+    assert (evidence["eval_run_a"], evidence["eval_run_b"]) == (run.report["test"]["eval_runs"]["base"],
+                                                                run.report["test"]["eval_runs"]["best"])
+    assert {row["item"] for row in evidence["items"]} == set(evidence["item_ids"])
 
 
 def test_promote_needs_a_best_version(staff_client, support_set, support_base):

@@ -1,7 +1,8 @@
 """The evolution admin in a real browser (Debian's Chromium through Playwright, against live_server): a
-finished run's page draws the fitness chart (a point per generation in each series) and the genealogy
-(a node per version, each a link to its version's page), and Promote best reports the promotion.
-Screenshots land in the test's tmp_path."""
+finished run's page shows its held-out result (train / validation / test of base and best, the test lift
+with its interval and paired test, the train-test gap), draws the fitness chart (a point per generation in
+each series) and the genealogy (a node per version, each a link to its version's page), and Promote best
+reports the promotion judged on the test split. Screenshots land in the test's tmp_path."""
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -20,7 +21,7 @@ pytestmark = [
 
 
 @pytest.fixture
-def scene(transactional_db, workspace, settings, facts, support_set, support_base, evolve):
+def scene(transactional_db, workspace, settings, facts, held_out_set, support_base, evolve):
     """Data is written before Playwright starts: its sync API switches greenlets, and ORM calls made
     inside it open connections of their own that outlive the test."""
     settings.DURABLE_DISPATCH_ENABLED = False  # runs are driven in-process; no worker needed
@@ -28,7 +29,7 @@ def scene(transactional_db, workspace, settings, facts, support_set, support_bas
     operator.user_permissions.add(*Permission.objects.filter(
         content_type__app_label__in=("evolution", "evals", "workflows", "durable")))
     MembershipFactory(user=operator, workspace=workspace)
-    run = evolve(support_base.workflow, support_set, config={"population": 3, "generations": 2, "seed": 1})
+    run = evolve(support_base.workflow, held_out_set, config={"population": 3, "generations": 2, "seed": 1})
     assert run.status == "completed", run.error
     workflow_version_activate(version=run.base_version)  # the best has an active version to beat
     versions = set(Individual.objects.filter(evolution_run=run).values_list("workflow_version_id", flat=True))
@@ -59,6 +60,21 @@ def test_operator_reads_a_run_follows_the_genealogy_and_promotes_the_best(live_s
     run = scene["run"]
     run_page = live_server.url + reverse("admin:evolution_evolutionrun_change", args=[run.pk])
     page.goto(run_page)
+
+    # the held-out result, above the chart: base and best on each split, the lift on test, the gap
+    report = page.locator("#evo-report")
+    report.wait_for(state="visible")
+    assert "(held-out test split)" in report.locator("h2").inner_text()
+    assert [t.lower() for t in report.locator("#evo-report-table thead th").all_inner_texts()] == [
+        "version", "train", "validation", "test"]  # the admin's table heads are drawn in capitals
+    best_row = report.locator("tr.evo-report-best td").all_inner_texts()
+    assert best_row == [f"{run.report['best'][split]:.2f}" for split in ("train", "validation", "test")]
+    lift = report.locator("#evo-test-lift").inner_text()
+    assert lift.startswith(f"{run.test_lift * 100:+.1f}%") and "95% interval" in lift
+    assert report.locator("#evo-test-paired").inner_text().startswith("better: Wilcoxon p = 0.0312")
+    assert report.locator("#evo-gap").is_visible()
+    assert_fits_the_screen(page)
+    report.screenshot(path=str(tmp_path / "report.png"))
 
     # the fitness chart: one point per generation in each of the three series
     chart = page.locator("#evo-fitness svg.evo-fitness")
@@ -94,6 +110,7 @@ def test_operator_reads_a_run_follows_the_genealogy_and_promotes_the_best(live_s
     page.wait_for_selector(".messagelist .success")
     message = page.locator(".messagelist").inner_text()
     assert f"Promoted {best.dsl_hash[:12]} (the run's best" in message and "Evidence: verdict better" in message
+    assert "paired items of the test split" in message
     assert page.locator("#evo-promote").count() == 0 and page.locator("#evo-best-active").is_visible()
     page.screenshot(path=str(tmp_path / "promoted.png"), full_page=True)
     assert (tmp_path / "run.png").stat().st_size > 10_000

@@ -151,7 +151,20 @@ def test_a_run_started_through_the_api_completes_and_its_generations_individuals
     assert run.best_version_id in {d["id"] for d in client.get(f"{VERSIONS}{support_base.pk}/lineage/").json()[
         "descendants"]}
 
-    # no version is active yet: the best is promoted on its own completed eval run; again, it is already active
+    # a set too small to split: the run says it makes no held-out claim
+    assert detail["held_out"] is False and detail["test_lift"] is None
+    assert detail["report"] == run.report and "6 items" in detail["report"]["reason"]
+    listed = next(r for r in client.get(RUNS).json()["results"] if r["id"] == run.pk)
+    assert listed["held_out"] is False and "report" not in listed
+
+    # its best is not promoted on the search's own measurements; a fresh eval run of the whole set backs it, and
+    # with no version active yet the best is promoted on it; again, it is already active
+    refused = error_of(client.post(f"{detail['url']}promote-best/"), 409)
+    assert refused["message"].startswith("report: the run has no held-out claim: its best was selected on the items")
+    fresh = client.post("/api/eval-runs/", {"golden_set": support_set.pk, "workflow_version": run.best_version_id,
+                                            "reuse": False}, format="json")
+    assert fresh.status_code == 202, fresh.content
+    run_until_settled(fresh.json()["durable_run"], max_wait=120)
     promoted = client.post(f"{detail['url']}promote-best/")
     assert promoted.status_code == 200, promoted.content
     assert promoted.json()["workflow_version"] == run.best_version_id and promoted.json()["action"] == "promote"
@@ -188,10 +201,11 @@ def test_promote_best_refused_is_409_with_the_evidence_and_a_better_best_is_prom
         api_as, owner, workspace, facts, support_set, support_versions, evaluate):  # noqa: F811
     client = api_as(owner)
     base, better = support_versions
-    for version in (base, better):
-        assert evaluate(support_set, version).status == "completed"
+    ended = datetime.now(UTC) - timedelta(hours=1)
+    for version in (base, better):  # fresh eval runs of the whole set, after the runs below ended
+        assert evaluate(support_set, version, reuse=False).status == "completed"
     workflow_version_activate(version=better)
-    worse_best = make_run(support_set, base, status=EvolutionRun.Status.COMPLETED, best_version=base)
+    worse_best = make_run(support_set, base, status=EvolutionRun.Status.COMPLETED, best_version=base, ended_at=ended)
     refused = client.post(f"{RUNS}{worse_best.pk}/promote-best/")
     error = error_of(refused, 409)
     assert error["code"] == "promotion_refused" and error["message"].startswith("promotion: ")
@@ -199,7 +213,8 @@ def test_promote_best_refused_is_409_with_the_evidence_and_a_better_best_is_prom
     assert WorkflowVersion.objects.get(pk=better.pk).status == "active"
 
     workflow_version_activate(version=base)
-    better_best = make_run(support_set, base, status=EvolutionRun.Status.COMPLETED, best_version=better)
+    better_best = make_run(support_set, base, status=EvolutionRun.Status.COMPLETED, best_version=better,
+                           ended_at=ended)
     promoted = client.post(f"{RUNS}{better_best.pk}/promote-best/")
     assert promoted.status_code == 200, promoted.content
     body = promoted.json()

@@ -26,3 +26,7 @@ def test_the_demo_evolves_a_canonical_agent_beyond_its_base(monkeypatch):
     run.refresh_from_db()
     assert run.status == "completed", run.error
     assert run.generations_done >= 2 and run.best_fitness > run.base_fitness
+    # the agent's set carries a held-out claim: the page shows the lift on items the search never read
+    report = run.report
+    assert report["held_out"] and report["test"]["paired"] == report["splits"]["test"] >= 8
+    assert run.test_lift is not None and report["best"]["test"] is not None

@@ -225,3 +225,116 @@ def test_the_usd_budget_binds_inside_a_generation_and_counts_every_paid_call(sup
         [(r.status, r.error) for r in eval_runs]
     paid = sum(WorkflowInvocation.objects.values_list("usd_cost", flat=True))
     assert paid > 0 and run.usd_cost == paid  # every paid call counts, though its eval run failed
+
+
+# ------------------------------------------------------------------------------------------ held-out items
+
+def eval_runs_of(run):
+    from evals.models import EvalRun
+
+    return list(EvalRun.objects.filter(parent_run_id=run.durable_run_id).order_by("pk"))
+
+
+def split_ids(golden_set) -> dict[str, set[int]]:
+    from evals.selectors import split_items
+
+    return {split: set(ids) for split, ids in split_items(golden_set).items()}
+
+
+@pytest.mark.parametrize("mode", ["gp", "reflective"])
+def test_a_held_out_run_searches_on_train_and_reads_test_only_for_its_report(facts, held_out_set, support_base,
+                                                                             evolve, mode):
+    from evals.models import GoldenResult
+
+    run = evolve(support_base.workflow, held_out_set, mode=mode,
+                 config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2})
+    assert run.status == "completed", run.error
+    assert run.report["held_out"] is True and run.report["selected_on"] == "validation"
+    ids = split_ids(held_out_set)
+    runs = eval_runs_of(run)
+    assert all("item_ids" in r.config for r in runs)  # never the whole set
+    on_test = [r for r in runs if set(r.config["item_ids"]) & ids["test"]]
+    # the test split: once, for the report, after everything else; base and best, on the test items alone
+    assert {r.workflow_version_id for r in on_test} == {run.base_version_id, run.best_version_id}
+    assert all(set(r.config["item_ids"]) == ids["test"] for r in on_test)
+    assert runs[-len(on_test):] == on_test
+    assert set(GoldenResult.objects.filter(golden_item_id__in=ids["test"]).values_list("eval_run", flat=True)) \
+        == {r.pk for r in on_test}
+    search = [r for r in runs if r not in on_test and not set(r.config["item_ids"]) & ids["validation"]]
+    assert search and all(set(r.config["item_ids"]) <= ids["train"] for r in search)
+    if mode == "reflective":  # minibatches come from train too
+        assert any(len(r.config["item_ids"]) == 2 for r in search)
+    validated = [r for r in runs if set(r.config["item_ids"]) == ids["validation"]]
+    assert run.base_version_id in {r.workflow_version_id for r in validated}
+    assert len({r.workflow_version_id for r in validated}) == len(validated)  # each version once
+
+
+def test_the_run_best_is_the_validation_best_not_the_train_best(facts, diverging_set, support_base, evolve):
+    from evals.models import EvalRun
+
+    run = evolve(support_base.workflow, diverging_set, config={"population": 4, "generations": 3, "seed": 7})
+    assert run.status == "completed", run.error
+    ids = split_ids(diverging_set)
+    train, validation = {}, {}
+    for eval_run in EvalRun.objects.filter(parent_run_id=run.durable_run_id):
+        items = set(eval_run.config["item_ids"])
+        if items == ids["train"]:
+            train[eval_run.workflow_version_id] = eval_run.fitness
+        elif items == ids["validation"]:
+            validation[eval_run.workflow_version_id] = eval_run.fitness
+    train_best = max(train, key=lambda v: (train[v], -v))
+    assert train_best != run.best_version_id and validation[train_best] < validation[run.best_version_id]
+    assert validation[run.best_version_id] == max(validation.values())
+    assert run.best_fitness == train[run.best_version_id] < train[train_best]  # its train fitness, not the best's
+    assert run.report["best"]["validation"] == validation[run.best_version_id]
+    last = Generation.objects.filter(evolution_run=run).order_by("number").last()
+    assert last.stats["run_best_version_id"] == run.best_version_id
+    assert last.stats["run_best_validation_fitness"] == validation[run.best_version_id]
+
+
+def test_the_report_states_train_validation_and_test_and_compares_on_test(facts, held_out_set, support_base, evolve):
+    from evals.models import EvalRun, GoldenResult
+    from evals.stats import paired_comparison
+
+    run = evolve(support_base.workflow, held_out_set, config={"population": 3, "generations": 2, "seed": 1})
+    assert run.status == "completed", run.error
+    report, ids = run.report, split_ids(held_out_set)
+    assert report["splits"] == {"train": 12, "validation": 6, "test": 6} and report["reason"] == ""
+    fitness = {}
+    for eval_run in EvalRun.objects.filter(parent_run_id=run.durable_run_id):
+        split = next(s for s, members in ids.items() if set(eval_run.config["item_ids"]) == members)
+        fitness[eval_run.workflow_version_id, split] = eval_run.fitness
+    for role, version in (("base", run.base_version_id), ("best", run.best_version_id)):
+        assert report[role]["version_id"] == version
+        assert {split: report[role][split] for split in ids} == {split: fitness[version, split] for split in ids}
+    assert (run.base_fitness, run.best_fitness) == (report["base"]["train"], report["best"]["train"])
+    test = report["test"]
+    base_test, best_test = fitness[run.base_version_id, "test"], fitness[run.best_version_id, "test"]
+    assert test["lift"] == pytest.approx((best_test - base_test) / base_test) and test["lift"] > 0.1
+    assert run.test_lift == test["lift"]
+
+    def scores(eval_run_id):
+        return dict(GoldenResult.objects.filter(eval_run_id=eval_run_id).values_list("golden_item_id", "score"))
+
+    a, b = scores(test["eval_runs"]["base"]), scores(test["eval_runs"]["best"])
+    order = test["item_ids"]
+    assert set(order) == ids["test"] and test["paired"] == 6
+    assert test["comparison"] == paired_comparison([a[i] for i in order], [b[i] for i in order]).as_dict()
+    assert test["comparison"]["verdict"] == "better"
+    assert test["lift_low"] == pytest.approx(test["comparison"]["ci_low"] / test["comparison"]["mean_a"], abs=1e-6)
+    assert test["lift_low"] <= test["comparison"]["mean_diff"] / test["comparison"]["mean_a"] <= test["lift_high"]
+    assert report["train_test_gap"] == pytest.approx(report["best"]["train"] - best_test)
+
+
+def test_a_set_too_small_to_split_states_that_the_run_has_no_held_out_claim(facts, support_set, support_base,
+                                                                            evolve):
+    from evals.selectors import split_plan
+
+    run = evolve(support_base.workflow, support_set, config=SMALL)
+    assert run.status == "completed", run.error
+    report = run.report
+    assert report["held_out"] is False and run.held_out is False and report["selected_on"] == "whole set"
+    assert report["reason"] == split_plan(support_set).reason and "6 items" in report["reason"]
+    assert report["test"] is None and run.test_lift is None
+    assert report["best"] == {"version_id": run.best_version_id, "whole_set": run.best_fitness}
+    assert all("item_ids" not in r.config for r in eval_runs_of(run))  # searched and selected on the whole set

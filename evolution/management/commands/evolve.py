@@ -13,8 +13,10 @@ from workflows.models import Workflow
 
 class Command(BaseCommand):
     help = ("Evolve a workflow against a golden set (genetic programming, reflective or iterative) and show each "
-            "generation live: best / average fitness, evaluations, rollouts, cache hits, spend; then the lineage "
-            "of the best version with the change each operation made.")
+            "generation live: best / average fitness, evaluations, rollouts, cache hits, spend; then the held-out "
+            "result (train / validation / test fitness of base and best, the test lift with its interval and "
+            "paired test, the train-test gap, or why the set carries no held-out claim) and the lineage of the "
+            "best version with the change each operation made.")
 
     def add_arguments(self, parser):
         parser.add_argument("workflow", help="The workflow's id or name.")
@@ -89,12 +91,49 @@ class Command(BaseCommand):
                                    "or follow it in the admin")
             time.sleep(0.3)
 
+    def _report(self, report: dict) -> None:
+        """The generalization result: base and best on each split, the test lift with its interval and paired
+        test, the train-test gap; or why the run makes no held-out claim."""
+        if not report.get("held_out"):
+            self.stdout.write(self.style.WARNING(
+                "no held-out claim: searched and selected on the whole set, so the lift above is on the items it "
+                f"optimized. {report.get('reason', '')}".rstrip()))
+            return
+
+        def cell(value):
+            return "     -" if value is None else f"{value:6.2f}"
+
+        self.stdout.write("held-out result (fitness):     train  validation    test")
+        for role in ("base", "best"):
+            side = report.get(role) or {}
+            self.stdout.write(f"  {role} version {side.get('version_id')!s:<12} {cell(side.get('train'))}      "
+                              f"{cell(side.get('validation'))}  {cell(side.get('test'))}")
+        test = report.get("test")
+        if not test:
+            self.stdout.write(self.style.WARNING(report.get("test_error") or "the test split was not scored"))
+            return
+        c = test.get("comparison") or {}
+
+        def pct(value):
+            return "-" if value is None else f"{value:+.1%}"
+
+        self.stdout.write(self.style.SUCCESS(
+            f"lift on test: {pct(test.get('lift'))} (95% interval {pct(test.get('lift_low'))} to "
+            f"{pct(test.get('lift_high'))}); paired test on {test.get('paired')} test items: {c.get('verdict')}, "
+            f"Wilcoxon p = {c.get('p_value')}"))
+        gap = report.get("train_test_gap")
+        self.stdout.write("train-test gap of the best: " + ("-" if gap is None else f"{gap:+.2f} fitness points"))
+        if report.get("test_error"):
+            self.stdout.write(self.style.WARNING(report["test_error"]))
+
     def _generation_line(self, generation: Generation) -> None:
         s = generation.stats
         improvement = s.get("improvement")
         self.stdout.write(
             f"  generation {generation.number}: best {s.get('best', 0):6.2f}  avg {s.get('avg', 0):6.2f}  "
             f"worst {s.get('worst', 0):6.2f}  | run best {s.get('run_best_fitness', 0):6.2f}"
+            + (f", validation {s['run_best_validation_fitness']:6.2f}"
+               if s.get("run_best_validation_fitness") is not None else "")
             + (f" ({improvement:+.2f})" if improvement else "")
             + f"  | evaluations {s.get('run_evaluations', 0)}, rollouts {s.get('run_rollouts', 0)}, "
               f"cache hits {s.get('run_cache_hits', 0)}, spent ${float(s.get('run_usd', 0)):.4f}")
@@ -102,11 +141,13 @@ class Command(BaseCommand):
     def _summary(self, run: EvolutionRun) -> None:
         self.stdout.write("")
         lift = run.lift
+        searched = "train" if run.held_out else "whole set"
         self.stdout.write(self.style.SUCCESS(
-            f"stopped: {run.stop_reason}. Best version {run.best_version_id}: fitness {run.best_fitness:.2f} "
-            f"(base {run.base_fitness:.2f}" + (f", {lift:+.1%}" if lift is not None else "") + ")"))
+            f"stopped: {run.stop_reason}. Best version {run.best_version_id}: fitness {run.best_fitness:.2f} on the "
+            f"{searched} (base {run.base_fitness:.2f}" + (f", {lift:+.1%}" if lift is not None else "") + ")"))
         self.stdout.write(f"{run.evaluations} evaluations, {run.rollouts} item rollouts, {run.cache_hits} cache hits, "
                           f"${run.usd_cost:.4f}")
+        self._report(run.report or {})
         steps = best_lineage(run)
         if len(steps) > 1:
             self.stdout.write("lineage of the best version:")
