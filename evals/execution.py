@@ -108,7 +108,9 @@ def eval_spent(eval_run_id: int) -> str:
     run = EvalRun.objects.filter(pk=eval_run_id).values("durable_run_id").first()
     invocations = Decimal(0)
     if run and run["durable_run_id"]:
-        lanes = DurableRun.objects.filter(parent_id=run["durable_run_id"]).values("pk")
+        # the lanes' ids first: as a subquery, Postgres may plan the join as a scan of every invocation for
+        # each lane on tables it has not analysed yet (seconds a call late in a long transaction)
+        lanes = list(DurableRun.objects.filter(parent_id=run["durable_run_id"]).values_list("pk", flat=True))
         invocations = WorkflowInvocation.objects.filter(parent_run_id__in=lanes) \
             .aggregate(total=Sum("usd_cost"))["total"] or Decimal(0)
     judge = GoldenResult.objects.filter(eval_run_id=eval_run_id).aggregate(total=Sum("judge_usd"))["total"]
