@@ -165,9 +165,12 @@ def ctx_call(method):
                 raise
             if isinstance(exc, DataError | psycopg.DataError) or _sqlstate(exc).startswith("22"):
                 # a value Postgres cannot store (a NUL character, a number out of range): the workflow's
-                # own input, so an error it can handle, not an outage to retry. The turn's open transaction
-                # cannot go on after it: rolled back, what it held is done again by the next turn's replay
-                self.abort_open()
+                # own input, so an error it can handle, not an outage to retry. The turn's open transaction goes
+                # on when the refused write was undone alone (ctx.transaction's savepoint, a value psycopg refused
+                # before sending it); one Postgres aborted is rolled back, what it held done again by the next
+                # turn's replay
+                if _transaction_aborted():
+                    self.abort_open()
                 raise ValueError(f"ctx.{method.__name__}(): the database refused a value: {exc}") from exc
             raise self._stop(EngineWriteFailed(exc)) from exc
 
@@ -177,6 +180,12 @@ def ctx_call(method):
 # the ctx calls whose writes may join the turn's open transaction (``Context.step`` commits it before an
 # inline step runs)
 _JOIN_OPEN = frozenset({"transaction", "step"})
+
+
+def _transaction_aborted() -> bool:
+    raw = connection.connection
+    return connection.needs_rollback or (
+        raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR)
 
 
 def _sqlstate(exc: BaseException) -> str:

@@ -96,6 +96,27 @@ def nul_attribute(ctx, input):
     return "stored"
 
 
+def workspace_named(name):
+    """A domain write made inside ctx.transaction."""
+    import uuid
+
+    from workspaces.models import Workspace
+
+    Workspace.objects.create(name=name, slug=uuid.uuid4().hex)
+    return name
+
+
+@workflow("review.transaction_then_refused_one")
+def transaction_then_refused_one(ctx, input):
+    """A transaction, then one whose checkpoint Postgres cannot store (a NUL in its name), handled."""
+    kept = ctx.transaction("kept", workspace_named, input["name"])
+    try:
+        ctx.transaction("refused\x00", ok, 1)
+    except ValueError:
+        return {"kept": kept, "refused": True}
+    return {"kept": kept, "refused": False}
+
+
 @workflow("review.fallback_then_fail")
 def fallback_then_fail(ctx, input):
     """A handled failure takes a fallback branch; a later step fails the run."""

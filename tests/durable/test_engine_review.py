@@ -214,3 +214,17 @@ def test_a_value_postgres_cannot_store_fails_the_call_instead_of_looping_the_run
     run = DurableRun.objects.get(pk=run.id)
     assert (run.status, interrupted) == ("completed", 0), (run.status, interrupted, decode(run.error))
     assert decode(run.output) == "rejected"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_value_in_a_transaction_does_not_undo_the_transactions_before_it():
+    """A ctx.transaction whose checkpoint Postgres refuses raises ValueError, which the workflow handles;
+    the transactions the turn ran before it (open in the same commit) keep their writes: the run then
+    completes and no replay does them again."""
+    from workspaces.models import Workspace
+
+    run = run_until_settled(run_start(workflow="review.transaction_then_refused_one",
+                                      input={"name": "kept by the first transaction"}).id)
+    assert run.status == "completed", decode(run.error)
+    assert decode(run.output) == {"kept": "kept by the first transaction", "refused": True}
+    assert Workspace.objects.filter(name="kept by the first transaction").count() == 1
