@@ -144,7 +144,8 @@ def test_report(report: dict, test_items: list[int], base: dict, best: dict) -> 
     paired = [str(item) for item in test_items if a.get(str(item)) is not None and b.get(str(item)) is not None]
     comparison = paired_comparison([a[i] for i in paired], [b[i] for i in paired], alpha=conf.alpha,
                                    resamples=conf.bootstrap_resamples).as_dict()
-    base_test, best_test = base.get("fitness"), best.get("fitness")
+    # an eval run that did not complete measured nothing of its version (eval_scores counts it 0)
+    base_test, best_test = (None if record.get("error") else record.get("fitness") for record in (base, best))
     mean_a = comparison["mean_a"]
 
     def relative(value):

@@ -326,6 +326,22 @@ def test_the_report_states_train_validation_and_test_and_compares_on_test(facts,
     assert report["train_test_gap"] == pytest.approx(report["best"]["train"] - best_test)
 
 
+def test_a_test_split_eval_run_that_did_not_complete_is_no_test_fitness_and_no_lift():
+    """The best's eval run on the test split was cancelled after one item: the report says the split went
+    unscored for it, and states no test fitness, lift or train-test gap (not a best at 0 on test, -100%)."""
+    from evolution.execution import test_report
+
+    so_far = {"held_out": True, "reason": "", "selected_on": "validation", "splits": {},
+              "base": {"version_id": 1, "train": 50.0, "validation": 50.0, "test": None},
+              "best": {"version_id": 2, "train": 70.0, "validation": 65.0, "test": None}, "test": None}
+    base = {"fitness": 50.0, "scores": {"11": 0.5, "12": 0.5, "13": 0.5}, "eval_run": 10, "error": ""}
+    best = {"fitness": 0.0, "scores": {"11": 0.9}, "eval_run": 20, "error": "cancelled by an operator"}
+    report = test_report(so_far, [11, 12, 13], base, best)
+    assert "cancelled by an operator" in report["test_error"]
+    assert report["best"]["test"] is None and report["base"]["test"] == 50.0
+    assert (report["test"]["lift"], report["train_test_gap"]) == (None, None)
+
+
 def test_a_set_too_small_to_split_states_that_the_run_has_no_held_out_claim(facts, support_set, support_base,
                                                                             evolve):
     from evals.selectors import split_plan
