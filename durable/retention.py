@@ -30,6 +30,9 @@ def delete_runs(run_ids: list[str]) -> int:
 
 
 POLICY_KEYS = ("statuses", "max_age_days", "max_count", "workflow")
+# what the passes' statements can take: now minus that many days stays a timestamp, an OFFSET a bigint
+MAX_AGE_DAYS = 1_000_000
+MAX_COUNT = 2**63 - 1
 
 
 def policy_validate(policy) -> tuple[list[str], int | None, int | None, str | None]:
@@ -45,9 +48,9 @@ def policy_validate(policy) -> tuple[list[str], int | None, int | None, str | No
     age, count = policy.get("max_age_days"), policy.get("max_count")
     if age is None and count is None:
         raise ImproperlyConfigured("max_age_days and/or max_count is required")
-    for name, value in (("max_age_days", age), ("max_count", count)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise ImproperlyConfigured(f"{name} must be a whole number of at least 0, got {value!r}")
+    for name, value, most in (("max_age_days", age, MAX_AGE_DAYS), ("max_count", count, MAX_COUNT)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most):
+            raise ImproperlyConfigured(f"{name} must be a whole number from 0 to {most}, got {value!r}")
     workflow = policy.get("workflow")
     if workflow is not None and not (isinstance(workflow, str) and workflow):
         raise ImproperlyConfigured(f"workflow must be a workflow's name, got {workflow!r}")

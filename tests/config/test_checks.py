@@ -37,6 +37,11 @@ def test_the_configured_settings_pass():
      "DURABLE_RETENTION_POLICIES[1]: statuses must be a list of terminal statuses"),
     ("DURABLE_RETENTION_POLICIES", [{"statuses": ["failed"], "max_age_days": "thirty"}],
      "DURABLE_RETENTION_POLICIES[0]: max_age_days must be a whole number"),
+    # Postgres cannot subtract so many days from now, nor skip so many rows: every retention pass would fail
+    ("DURABLE_RETENTION_POLICIES", [{"statuses": ["failed"], "max_age_days": 1_000_000_000}],
+     "DURABLE_RETENTION_POLICIES[0]: max_age_days must be a whole number"),
+    ("DURABLE_RETENTION_POLICIES", [{"statuses": ["failed"], "max_count": 10**19}],
+     "DURABLE_RETENTION_POLICIES[0]: max_count must be a whole number"),
     ("DURABLE_RETENTION_POLICIES", {"statuses": ["failed"], "max_age_days": 3},
      "DURABLE_RETENTION_POLICIES must be a list of policies"),
 ])
