@@ -202,8 +202,8 @@ def held_out_of(report: dict) -> dict:
 def eval_ledger(run) -> list[dict]:
     """The run's eval runs in the order they were created (its durable run's children): each one's
     cumulative fresh rollouts (the run's definition: item invocations run, reused results excluded) and
-    its fitness when it scored the full set (None for a minibatch). A finer grain than the generation,
-    for information: GP creates a generation's eval runs together and this orders them by creation."""
+    its fitness when it scored the search's set (None for a minibatch, validation or test). A finer grain than
+    the generation, for information: GP creates a generation's eval runs together and this orders them by creation."""
     from django.db.models import Count
 
     from durable.models import DurableRun
@@ -215,10 +215,14 @@ def eval_ledger(run) -> list[dict]:
     fresh = dict(GoldenResult.objects.filter(eval_run_id__in=[pk for pk, *_ in eval_runs], reused_from__isnull=True,
                                              workflow_invocation__isnull=False)
                  .values("eval_run").annotate(n=Count("pk")).values_list("eval_run", "n"))
+    # the search's own set: the whole set, or its train split when the run carries a held-out claim (minibatches,
+    # validation and test eval runs score fewer items)
+    searched = ((run.report or {}).get("splits") or {}).get("train") if run.held_out else None
     ledger, total = [], 0
     for pk, fitness, config, version in eval_runs:
         total += fresh.get(pk, 0)
-        full = "item_ids" not in (config or {})
+        items = (config or {}).get("item_ids")
+        full = items is None or (searched is not None and len(items) == searched)
         ledger.append({"eval_run": pk, "version_id": version, "full_set": full,
                        "fitness": fitness if full else None, "run_rollouts": total})
     return ledger

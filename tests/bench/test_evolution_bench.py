@@ -15,7 +15,9 @@ AGENT = "Research Analyst"
 RUN_FIELDS = {"run_id", "mode", "status", "error", "stop_reason", "base_version_id", "best_version_id",
               "best_operation", "best_commit_message", "base_fitness", "best_fitness", "lift", "generations_done",
               "evaluations", "rollouts", "cache_hits", "usd_cost", "wall_s", "generation_of_best", "rollouts_to_best",
-              "rollouts_to_best_by_eval_run", "generations", "ledger", "completed"}
+              "rollouts_to_best_by_eval_run", "generations", "ledger", "completed", "held_out", "test_lift", "report"}
+REPORT_FIELDS = {"held_out", "reason", "splits", "base", "best", "test_lift", "test_lift_low", "test_lift_high",
+                 "test_items", "verdict", "p_value", "train_test_gap", "test_error"}
 GENERATION_FIELDS = {"number", "members", "best", "avg", "worst", "best_version_id", "run_best",
                      "run_best_version_id", "evaluations", "rollouts", "cache_hits", "run_rollouts", "wall_s"}
 QUERY_FIELDS = {"n", "median_ms", "p95_ms", "min_ms", "max_ms", "rows", "max_depth", "paths_walked", "met",
@@ -41,11 +43,14 @@ def test_the_evolution_benchmark_runs_at_a_tiny_size_and_reports_every_field(set
     for mode in ("gp", "reflective"):
         run = runs[mode]
         assert set(run) == RUN_FIELDS
+        assert set(run["report"]) == REPORT_FIELDS and run["report"]["held_out"] is run["held_out"]
         assert run["completed"], run["error"]
         assert run["generations"] and all(set(g) == GENERATION_FIELDS for g in run["generations"])
         assert all(g[key] is not None for g in run["generations"] for key in GENERATION_FIELDS)
-        assert run["generations"][-1]["run_rollouts"] == run["rollouts"] > 0
-        assert sum(g["rollouts"] for g in run["generations"]) == run["rollouts"]
+        # the generations' rollouts, then the test split's (base and best, scored once the search ended)
+        searched = run["generations"][-1]["run_rollouts"]
+        assert sum(g["rollouts"] for g in run["generations"]) == searched > 0
+        assert run["held_out"] and run["rollouts"] > searched
         assert run["base_fitness"] is not None and run["best_fitness"] is not None and run["lift"] is not None
         assert run["rollouts_to_best"] is not None and run["generation_of_best"] is not None
         # the eval runs, in order, add up to the run's rollouts; the best was scored by one of them
