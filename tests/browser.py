@@ -19,3 +19,17 @@ def assert_fits_the_screen(page) -> None:
     assert width <= WIDTH, f"{page.url} is {width} px wide at a {WIDTH} px screen"
     sideways = page.evaluate(SIDEWAYS, SCROLLERS)
     assert sideways == [], f"{page.url} has boxes that scroll sideways: {sideways}"
+
+
+OPERATOR, PASSWORD = "operator", "s3cret-pass"  # the user each browser test's scene creates
+
+
+def log_in(page, live_server, then: str = "#user-tools") -> None:
+    """Sign in to the admin as the scene's operator and wait for `then` on the page it lands on."""
+    from django.urls import reverse
+
+    page.goto(live_server.url + reverse("admin:login"))
+    page.fill("#id_username", OPERATOR)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_selector(then)

@@ -2,12 +2,11 @@
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.urls import reverse
 
 from evals.models import EvalRun
 from evals.services import golden_set_create
 from evolution.models import EvolutionRun
-from tests.browser import assert_fits_the_screen
+from tests.browser import assert_fits_the_screen, log_in
 from tests.config.test_admin_home import ago, invocation, node_run, runs, version_of
 from workflows.services import workflow_version_activate
 
@@ -60,11 +59,7 @@ def page(busy_day, browser_page):
 
 
 def test_operator_opens_the_home_and_follows_a_number_to_its_list(live_server, busy_day, page, tmp_path):
-    page.goto(live_server.url + reverse("admin:login"))
-    page.fill("#id_username", "operator")
-    page.fill("#id_password", "s3cret-pass")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#home")
+    log_in(page, live_server, then="#home")
 
     assert page.locator("#home-runs svg.home-status-chart").is_visible()
     page.screenshot(path=str(tmp_path / "home.png"), full_page=True)

@@ -3,6 +3,8 @@
 import pytest
 from django.contrib.auth import get_user_model
 
+from tests.browser import log_in
+
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
@@ -15,10 +17,7 @@ def test_swagger_ui_renders_the_schema_offline(live_server, operator, browser_pa
     external = []
     browser_page.on("request", lambda request: external.append(request.url)
                     if not request.url.startswith(live_server.url) else None)
-    browser_page.goto(live_server.url + "/admin/login/")
-    browser_page.fill("#id_username", "operator")
-    browser_page.fill("#id_password", "s3cret-pass")
-    browser_page.click("input[type=submit]")
+    log_in(browser_page, live_server)
     browser_page.goto(live_server.url + "/api/docs/")
     browser_page.wait_for_selector(".info .title", timeout=20_000)
     assert "Lineage API" in browser_page.inner_text(".info .title")

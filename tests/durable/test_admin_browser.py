@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from durable.inprocess import run_until_settled
 from durable.services import run_start
-from tests.browser import assert_fits_the_screen
+from tests.browser import assert_fits_the_screen, log_in
 
 pytestmark = [
     pytest.mark.browser,
@@ -39,11 +39,7 @@ def page(finished_run, browser_page):
 def test_operator_sees_the_runs_and_a_run_timeline(live_server, finished_run, page, tmp_path):
     run = finished_run
 
-    page.goto(live_server.url + reverse("admin:login"))
-    page.fill("#id_username", "operator")
-    page.fill("#id_password", "s3cret-pass")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#user-tools")
+    log_in(page, live_server)
 
     page.goto(live_server.url + reverse("admin:durable_durablerun_changelist"))
     assert page.locator("#result_list").is_visible()

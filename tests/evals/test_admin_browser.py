@@ -9,7 +9,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from evals.models import GoldenResult
-from tests.browser import assert_fits_the_screen
+from tests.browser import assert_fits_the_screen, log_in
 from tests.factories import MembershipFactory
 from workflows.services import workflow_version_activate
 
@@ -45,11 +45,7 @@ def page(scene, browser_page):
 
 
 def test_operator_compares_two_versions_and_promotes_the_better_one(live_server, scene, page, tmp_path):
-    page.goto(live_server.url + reverse("admin:login"))
-    page.fill("#id_username", "operator")
-    page.fill("#id_password", "s3cret-pass")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#user-tools")
+    log_in(page, live_server)
 
     # the golden set page: its items inline, the run form, its recent runs
     page.goto(live_server.url + reverse("admin:evals_goldenset_change", args=[scene["set"].pk]))

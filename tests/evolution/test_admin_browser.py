@@ -10,7 +10,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from evolution.models import Generation, Individual
-from tests.browser import assert_fits_the_screen
+from tests.browser import assert_fits_the_screen, log_in
 from tests.factories import MembershipFactory
 from workflows.services import workflow_version_activate
 
@@ -43,11 +43,7 @@ def page(scene, browser_page):
 
 
 def test_operator_reads_a_run_follows_the_genealogy_and_promotes_the_best(live_server, scene, page, tmp_path):
-    page.goto(live_server.url + reverse("admin:login"))
-    page.fill("#id_username", "operator")
-    page.fill("#id_password", "s3cret-pass")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#user-tools")
+    log_in(page, live_server)
 
     # the list: the run with its status, and the way to start another
     page.goto(live_server.url + reverse("admin:evolution_evolutionrun_changelist"))

@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from durable import engine
-from tests.browser import assert_fits_the_screen
+from tests.browser import assert_fits_the_screen, log_in
 from tests.factories import MembershipFactory
 from tests.workflows.test_admin import cyclic_dsl
 from workflows.models import Message, NodeInvocation, WorkflowInvocation
@@ -78,11 +78,7 @@ def page(scene, browser_page):
 
 
 def test_operator_reads_the_graph_and_the_timeline_and_approves_a_node(live_server, scene, page, tmp_path):
-    page.goto(live_server.url + reverse("admin:login"))
-    page.fill("#id_username", "operator")
-    page.fill("#id_password", "s3cret-pass")
-    page.click("input[type=submit]")
-    page.wait_for_selector("#user-tools")
+    log_in(page, live_server)
 
     # the version page: one box per node, `end`, and the edges styled by kind
     page.goto(live_server.url + reverse("admin:workflows_workflowversion_change", args=[scene["version"].pk]))
