@@ -192,14 +192,10 @@ def main() -> int:
 
 def _run(args) -> int:
     common.setup_django(BENCH_DB)
-    from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Permission
 
-    settings.ALLOWED_HOSTS = ["*"]
-    # DEBUG is off (as in production) but no collectstatic ran: plain static URLs, no manifest
-    settings.STORAGES = {**settings.STORAGES,
-                         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+    common.serve_admin_pages()
     superuser = get_user_model().objects.create_superuser("bench-root", "root@example.test", "x")
     staff = get_user_model().objects.create_user("bench-staff", password="x", is_staff=True)
     staff.user_permissions.set(Permission.objects.filter(

@@ -115,13 +115,9 @@ def main() -> int:
 
 def _run(args) -> int:
     common.setup_django(BENCH_DB)
-    from django.conf import settings
     from django.db import connection, transaction
 
-    settings.ALLOWED_HOSTS = ["*"]
-    # DEBUG is off (as in production) but no collectstatic ran: plain static URLs, no manifest
-    settings.STORAGES = {**settings.STORAGES,
-                         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+    common.serve_admin_pages()
     common.close_django()
     conn = common.connect(common.database_url(BENCH_DB))
     info = common.machine_info(conn)

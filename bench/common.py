@@ -81,6 +81,16 @@ def connect(url: str, **kwargs) -> psycopg.Connection:
     return psycopg.connect(libpq_conninfo(url), **kwargs)
 
 
+def serve_admin_pages() -> None:
+    """Let a Django test client render admin pages in a bench process: any host, and (DEBUG off, as in
+    production, but no collectstatic ran) plain static URLs, no manifest."""
+    from django.conf import settings
+
+    settings.ALLOWED_HOSTS = ["*"]
+    settings.STORAGES = {**settings.STORAGES,
+                         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+
+
 def setup_django(database: str | None, *, migrate: bool = True) -> None:
     """Point Django at `database` (created beforehand) on the same server, set it up and migrate it.
     DEBUG is forced off: with DEBUG on Django records every query, which is not what production pays."""
