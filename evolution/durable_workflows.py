@@ -165,6 +165,13 @@ class Loop:
             return self.fitness(version)
         return self.validation[version]["fitness"] if version in self.validation else None
 
+    def selected_on(self, *, unsplit: str) -> str:
+        """What the run's best was chosen on: validation, or train when the budget ended before any validation
+        (held out), else the one set the run searched (`unsplit` names it)."""
+        if not self.held_out:
+            return unsplit
+        return "validation" if self.validation else "train"
+
     def best(self) -> int:
         """The run's best: the best validation fitness with a held-out claim (the search fitness breaking ties),
         else the best search fitness."""
@@ -224,7 +231,7 @@ class Loop:
             "members": len(members), "improvement": None if previous is None else self.best_history[-1] - previous,
             "run_best_version_id": best, "run_best_fitness": self.fitness(best),
             "base_fitness": self.scores[self.base]["fitness"] if self.base in self.scores else None,
-            "selected_on": "validation" if self.held_out else "search set",
+            "selected_on": self.selected_on(unsplit="search set"),
             "run_best_validation_fitness": self.selection_fitness(best) if self.held_out else None,
             "base_validation_fitness": self.selection_fitness(self.base) if self.held_out else None,
             "run_evaluations": self.totals["evaluations"], "run_rollouts": self.totals["rollouts"],
@@ -253,7 +260,7 @@ class Loop:
     def report_so_far(self, best: int) -> dict:
         """The report before the test split is scored: the claim the run can make, base and best so far."""
         return {"held_out": self.held_out, "reason": self.plan.get("held_out_reason", ""),
-                "selected_on": "validation" if self.held_out else "whole set",
+                "selected_on": self.selected_on(unsplit="whole set"),
                 "splits": self.plan.get("split_counts") or {}, "base": self.side(self.base), "best": self.side(best),
                 "test": None}
 

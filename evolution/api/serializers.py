@@ -80,7 +80,8 @@ REPORT_SCHEMA = {
     "properties": {
         "held_out": {"type": "boolean"},
         "reason": {"type": "string", "description": "Why the set cannot carry a held-out claim (empty when it can)."},
-        "selected_on": {"type": "string", "description": "validation, or whole set."},
+        "selected_on": {"type": "string", "description": "validation (train when the budget ended before any "
+                                                         "validation), or whole set without a held-out claim."},
         "splits": {"type": "object", "additionalProperties": {"type": "integer"},
                    "description": "Items per split when the run began."},
         "base": _SIDE, "best": _SIDE,

@@ -241,6 +241,17 @@ def split_ids(golden_set) -> dict[str, set[int]]:
     return {split: set(ids) for split, ids in split_items(golden_set).items()}
 
 
+def test_a_held_out_run_whose_budget_ended_before_any_validation_says_its_best_was_chosen_on_train(
+        held_out_set, support_base, evolve, settings):
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 1000}}
+    settings.LLM_CACHE_ENABLED = False
+    run = evolve(support_base.workflow, held_out_set, config={"population": 3, "generations": 2, "seed": 1,
+                                                              "usd_budget": 0.0001})
+    assert run.status == "completed" and run.stop_reason.startswith("USD budget reached"), run.stop_reason
+    assert run.report["held_out"] is True and run.report["best"]["validation"] is None
+    assert run.report["selected_on"] == "train"
+
+
 @pytest.mark.parametrize("mode", ["gp", "reflective"])
 def test_a_held_out_run_searches_on_train_and_reads_test_only_for_its_report(facts, held_out_set, support_base,
                                                                              evolve, mode):
