@@ -68,16 +68,13 @@ def _text(max_length: int, **kwargs):
 
 # -------------------------------------------------------------------------------------------- golden sets
 
-class SplitCountsSerializer(serializers.Serializer):
-    train = serializers.IntegerField()
-    validation = serializers.IntegerField()
-    test = serializers.IntegerField()
+def _per_split(name: str, field: type[serializers.Field]) -> type[serializers.Serializer]:
+    """A serializer of one `field` for each split (the schema names it `name`)."""
+    return type(name, (serializers.Serializer,), {split: field() for split in SPLITS})
 
 
-class SplitSharesSerializer(serializers.Serializer):
-    train = serializers.FloatField()
-    validation = serializers.FloatField()
-    test = serializers.FloatField()
+SplitCountsSerializer = _per_split("SplitCountsSerializer", serializers.IntegerField)
+SplitSharesSerializer = _per_split("SplitSharesSerializer", serializers.FloatField)
 
 
 class SplitPlanSerializer(serializers.Serializer):
