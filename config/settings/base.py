@@ -113,6 +113,13 @@ if DATABASE_POOL_MAX_SIZE:
         # idle connections above min_size are closed after a minute
         "max_idle": 60.0,
     }
+# The engine's per-turn statements (durable/store.py, run through server-side-binding cursors) are prepared
+# once a connection: Django leaves prepared statements off unless told (for poolers that cannot keep them),
+# and then every turn's claim, replay and checkpoints were parsed and planned again. PgBouncer in transaction
+# mode before 1.21 (or without max_prepared_statements) cannot keep them: DATABASE_PREPARED_STATEMENTS=false.
+# Django's own queries bind client-side and are never prepared either way.
+DATABASE_PREPARED_STATEMENTS = env_bool("DATABASE_PREPARED_STATEMENTS", True)
+DATABASES["default"]["OPTIONS"]["prepare_threshold"] = 5 if DATABASE_PREPARED_STATEMENTS else None
 DATABASES["default"]["TEST"] = {"NAME": env_str("DATABASE_TEST_NAME", None)}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -22,3 +22,18 @@ def test_queued_steps_suspend_and_resume():
     assert run.status == "completed", run.error
     assert decode(run.output) == 13
     assert run.turns == 3
+
+
+@pytest.mark.django_db
+def test_the_engines_hot_statements_are_prepared_on_the_server():
+    """The store marks its per-turn statements `prepare=True`; Django turns prepared statements off unless
+    the connection's `prepare_threshold` says otherwise, which left every turn parsing and planning them."""
+    from django.db import connection
+
+    from durable import store
+
+    store.run_claim(store.raw_cursor(), "no-such-run", "a-token", 30)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                       ["%locked_until = statement_timestamp()%"])
+        assert cursor.fetchone()[0] == 1
