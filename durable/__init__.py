@@ -4,7 +4,7 @@ step checkpoints in Postgres, executed by Celery workers. Knows nothing about ag
 from durable.context import Child, Step
 from durable.errors import ChildFailed, FanFailed, StepFailed, TryLater
 from durable.registry import workflow
-from durable.steps import deferrals, heartbeat, release_connection
+from durable.steps import deferrals, heartbeat, release_connection, wait_alive
 
 __all__ = ["Child", "ChildFailed", "FanFailed", "Step", "StepFailed", "TryLater", "deferrals", "heartbeat",
-           "release_connection", "workflow"]
+           "release_connection", "wait_alive", "workflow"]

@@ -78,6 +78,17 @@ def heartbeat(progress=None) -> None:
             connection.close_if_unusable_or_obsolete()
 
 
+def wait_alive(seconds: float) -> None:
+    """Sleep inside a step for `seconds`, heartbeating as it goes: a step that waits (a provider's
+    Retry-After, a backoff) stays alive to the tick, so its clock does not run out and hand it to another
+    worker while this one is still on it. Outside a queued step it only sleeps."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        heartbeat()
+        time.sleep(min(left, 1.0))
+    heartbeat()
+
+
 def deferrals(kind: str) -> int:
     """How many times the running queued step was put off by a ``TryLater`` of `kind` (0 outside one)."""
     scope = _current_step.get()

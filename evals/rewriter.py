@@ -258,6 +258,7 @@ def rewriter_model(node: dict) -> str:
 
 
 def model_proposal(version: WorkflowVersion, node_id: str, failures: list[GoldenResult]) -> Proposal:
+    from durable import wait_alive
     from llm.chat import ChatError, ChatRequest, chat
 
     node = next(n for n in version.dsl["nodes"] if n["nodeId"] == node_id)
@@ -271,7 +272,9 @@ def model_proposal(version: WorkflowVersion, node_id: str, failures: list[Golden
                                                           "failures": cases}, ensure_ascii=False)}],
         response_format={"type": "json_object"})
     try:
-        response, _ = chat(request)
+        # in evolution's reflect step (a queued step) a wait for the provider heartbeats, so the step's
+        # clock does not run out and hand it to another worker, which would ask the rewriter again
+        response, _ = chat(request, wait=wait_alive)
     except ChatError as exc:
         return Proposal(skipped=f"the rewriter's model failed: {exc}", rewriter=model)
     try:

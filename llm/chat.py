@@ -35,12 +35,14 @@ import logging
 import re
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from django.conf import settings
 
 from llm.providers import OFFLINE_PROVIDER, configured_providers, one_per_process, structured_outputs
-from llm.retry import RetryPolicy, wait
+from llm.retry import RetryPolicy
+from llm.retry import wait as _wait
 from llm.usage import Usage, record_usage
 
 logger = logging.getLogger("llm.chat")
@@ -367,8 +369,9 @@ def _attempt(provider: ChatProvider, request: ChatRequest, resolved: ResolvedMod
         limits.release(admission)
 
 
-def _complete_with_retries(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel) -> ChatResponse:
-    """Outside durable steps: wait in this thread for a provider limit, and between retries."""
+def _complete_with_retries(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel,
+                           wait: Callable[[float], None] = _wait) -> ChatResponse:
+    """Outside durable steps: wait in this thread (with `wait`) for a provider limit, and between retries."""
     policy = RetryPolicy.from_settings()
     caller = uuid.uuid4().hex
     attempt = 0
@@ -420,7 +423,8 @@ class PutOff:
     retries_done: int = 0
 
 
-def chat(request: ChatRequest, *, cache=None, put_off: PutOff | None = None) -> tuple[ChatResponse, bool]:
+def chat(request: ChatRequest, *, cache=None, put_off: PutOff | None = None,
+         wait: Callable[[float], None] | None = None) -> tuple[ChatResponse, bool]:
     """Answer `request`: returns (response, True) from `cache` or (response, False) from the provider.
 
     `cache` (optional) has get(key) -> dict | None and put(key, request, response); it is asked only for
@@ -431,7 +435,8 @@ def chat(request: ChatRequest, *, cache=None, put_off: PutOff | None = None) -> 
     `clean_response` (no NUL, no lone surrogate). A provider's limits (``max_concurrency``,
     ``requests_per_minute``) are waited for. With `put_off` (a durable step) nothing is waited for in this
     thread: a limit, or a failure the retry policy would retry, raises CallPutOff with how long to wait.
-    Raises UnknownModel, ChatError, TransientChatError (and CallPutOff)."""
+    Without it, `wait(seconds)` does the waiting (a queued step passes `durable.wait_alive`, which
+    heartbeats). Raises UnknownModel, ChatError, TransientChatError (and CallPutOff)."""
     resolved = resolve_model(request.model)
     key = _cache_key(request, resolved) if cache is not None and request.cacheable() else None
     if key is not None:
@@ -442,7 +447,7 @@ def chat(request: ChatRequest, *, cache=None, put_off: PutOff | None = None) -> 
     if put_off is not None:
         response = clean_response(_complete_or_put_off(provider, request, resolved, put_off))
     else:
-        response = clean_response(_complete_with_retries(provider, request, resolved))
+        response = clean_response(_complete_with_retries(provider, request, resolved, wait or _wait))
     record_usage(response.usage)
     if key is not None:
         cache.put(key, request, response)

@@ -91,6 +91,15 @@ def test_heartbeats_are_persisted_with_progress():
     assert step.last_heartbeat_at is not None and decode(step.heartbeat_progress)["left"] >= 0
 
 
+def test_a_step_that_waits_alive_heartbeats_through_its_wait(settings):
+    settings.DURABLE_HEARTBEAT_PERSIST_SECONDS = 0.2
+    run = run_until_settled(run_start(workflow="tests.wait_alive", input={"seconds": 1.0, "timeout": 0.6}).id)
+    assert run.status == "completed"
+    step = StepCheckpoint.objects.get(run=run, seq=0)
+    # the wait outlasted the step's allowed silence: its heartbeats re-armed the clock past its start's
+    assert step.attempt == 1 and step.last_heartbeat_at > step.started_at
+
+
 def test_schedule_fires_each_window_once():
     schedule = schedule_save(key="nightly", workflow="tests.sequence", input={"steps": 1}, every_seconds=60,
                              catchup_limit=3)

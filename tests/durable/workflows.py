@@ -159,6 +159,13 @@ def heartbeat_wf(ctx, input):
     return ctx.step("beat", beating, input["seconds"], queue="steps", timeout=input["timeout"])
 
 
+@workflow("tests.wait_alive")
+def wait_alive_wf(ctx, input):
+    from durable import wait_alive
+
+    return ctx.step("wait", wait_alive, input["seconds"], queue="steps", timeout=input["timeout"])
+
+
 @workflow("tests.queued_slow")
 def queued_slow(ctx, input):
     return ctx.step("slow", slow_record, input["path"], "x", 1.5, queue="steps")

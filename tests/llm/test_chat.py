@@ -332,6 +332,14 @@ def test_transient_errors_are_retried_with_capped_exponential_backoff(scripted):
     assert meter.records == [answer.usage]  # one answer, one record
 
 
+def test_the_waits_between_retries_go_through_the_callers_wait(scripted):
+    answer = ChatResponse(content="done", usage=Usage.priced(provider="x", model="gpt-4.1-mini", input_tokens=5))
+    scripted(TransientChatError("rate limited", retry_after=2), answer)
+    waits: list[float] = []
+    response, _ = chat(ChatRequest(model="gpt-4.1-mini", messages=MESSAGES), wait=waits.append)
+    assert response == answer and waits == [2.0] and scripted.sleeps == []
+
+
 def test_retries_run_out_with_a_transient_error(scripted):
     provider = scripted(*[TransientChatError("still overloaded")] * 4)
     with pytest.raises(TransientChatError, match="failed after 4 attempts: still overloaded"):
