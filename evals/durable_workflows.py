@@ -71,8 +71,9 @@ def lane_input(eval_run_id: int, plan: dict, items: list[int]) -> dict:
 def eval_lane(ctx, input: dict) -> dict:
     """Input: {"eval_run_id", "items": [item ids, in order], "keys": {item: reuse key}, "run_usd_budget"}.
     Invokes and grades the items one after the other; stops before an item once the run's own
-    budget is spent, returning {"budget_spent": why}, and before an item once the run has ended (a lane
-    retried on its own), returning {"ended": why}."""
+    budget is spent, returning {"budget_spent": why}. A lane retried on its own after its run ended
+    fails before its next item (execution.EvalRunEnded): a completed lane would be a lane its run's own
+    retry never runs again, its items left unscored."""
     eval_run_id, items, budget = int(input["eval_run_id"]), list(input["items"]), input.get("run_usd_budget")
     join_row(ctx, EvalRun, eval_run_id)
     for done, item in enumerate(items):
@@ -81,12 +82,12 @@ def eval_lane(ctx, input: dict) -> dict:
             if execution.usd_budget_spent(spent, Decimal(budget)):
                 return {"budget_spent": f"USD budget spent: ${spent:.6f} of ${Decimal(budget):.6f}; this lane "
                                         f"had run {done} of its {len(items)} items, the others were not started"}
-        created = ctx.transaction(f"invocation:{item}", execution.eval_invocations_create, eval_run_id, [item],
-                                  ctx.run_id)
-        if "ended" in created:
-            return {"ended": f"eval run {eval_run_id} {created['ended']}: this lane had run {done} of its "
-                             f"{len(items)} items, the others were not started"}
-        invocation = created[str(item)]
+        try:
+            invocation = ctx.transaction(f"invocation:{item}", execution.eval_invocations_create, eval_run_id,
+                                         [item], ctx.run_id)[str(item)]
+        except execution.EvalRunEnded as exc:
+            raise execution.EvalRunEnded(f"{exc}; this lane had run {done} of its {len(items)} items, the others "
+                                         "were not started") from None
         with contextlib.suppress(ChildFailed):  # the invocation recorded its failure: graded as the version's (0)
             ctx.child(INVOKE_WORKFLOW, {"invocation_id": invocation}, name=f"item:{item}")
         grade_item(ctx, eval_run_id, item, invocation, input["keys"][str(item)])

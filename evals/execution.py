@@ -118,16 +118,21 @@ def eval_spent(eval_run_id: int) -> str:
     return f"{invocations + (judge or Decimal(0)):f}"
 
 
+class EvalRunEnded(Exception):
+    """A lane was asked to start an item of an eval run that has ended. Raised, never returned: nothing
+    is checkpointed, so the lane fails (retryable) and a retry of its eval run runs the item after all."""
+
+
 def eval_invocations_create(eval_run_id: int, item_ids: list[int], lane_run_id: str) -> dict:
     """The invocations of items (run in a ``ctx.transaction``: created exactly once), each naming
     the lane that writes it as its parent (the run that starts the item's run: its end, before the
-    item's run began, is the reconcile's sign that nothing will). Returns {item id: invocation id}, or
-    {"ended": status} with nothing created once the eval run's durable run has ended (a lane retried on
-    its own after its eval run failed or was cancelled starts no item of it; a retried eval run is active
-    again, its row still says how it ended until it ends anew)."""
+    item's run began, is the reconcile's sign that nothing will). Returns {item id: invocation id}.
+    Raises EvalRunEnded, with nothing created or recorded, once the eval run's durable run has ended (a
+    lane retried on its own after its eval run failed or was cancelled starts no item of it; a retried
+    eval run is active again, its row still says how it ended until it ends anew)."""
     run = EvalRun.objects.select_related("workflow_version", "durable_run").get(pk=eval_run_id)
     if run.durable_run is not None and run.durable_run.status not in RunStatus.ACTIVE:
-        return {"ended": run.durable_run.status}
+        raise EvalRunEnded(f"eval run {eval_run_id} {run.durable_run.status}: retry the eval run, not its lane")
     items = GoldenItem.objects.in_bulk(item_ids)
     out = {}
     for item_id in item_ids:

@@ -437,11 +437,43 @@ def test_a_lane_retried_alone_after_its_eval_run_ended_invokes_nothing(support_s
     monkeypatch.setattr(execution, "eval_grade_item", grade)
     assert run_retry(run_id=first.id)  # an operator retries the failed lane, not its eval run
     lane = run_until_settled(first.id, max_wait=60)
-    assert lane.status == "completed" and "ended" in lane.output, lane.output
+    assert lane.status == "failed" and "retry the eval run" in lane.error, lane.error
     # the eval run had ended: its lane starts no item of it again
     assert WorkflowInvocation.objects.filter(workflow_version=support_versions[0]).count() == invocations
     run.refresh_from_db()
     assert run.status == "failed"
+
+
+def test_an_eval_run_retried_after_its_lane_was_retried_alone_still_scores_every_item(support_set, support_versions,
+                                                                                      monkeypatch):
+    from durable import engine, owners
+    from durable.inprocess import run_until_settled
+    from durable.services import run_retry
+    from evals import execution
+
+    items = list(support_set.items.order_by("position", "id"))
+    grade = execution.eval_grade_item
+
+    def outage_on_the_first_item(eval_run_id, item_id, *args):
+        if item_id == items[0].pk:
+            raise RuntimeError("the grader's database said no")
+        return grade(eval_run_id, item_id, *args)
+
+    monkeypatch.setattr(execution, "eval_grade_item", outage_on_the_first_item)
+    run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
+    engine.execute_turn(run.durable_run_id)
+    first, _ = DurableRun.objects.filter(parent_id=run.durable_run_id).order_by("parent_seq")
+    assert run_until_settled(run.durable_run_id, max_wait=60).status == "failed"
+    monkeypatch.setattr(execution, "eval_grade_item", grade)
+    assert run_retry(run_id=first.id)  # the failed lane alone: its eval run had ended, so it starts nothing
+    run_until_settled(first.id, max_wait=60)
+    owners.reconcile()
+    assert run_retry(run_id=run.durable_run_id)  # then the whole eval run
+    assert run_until_settled(run.durable_run_id, max_wait=60).status == "completed"
+    run.refresh_from_db()
+    assert run.status == "completed" and run.items_done == 6, run.error
+    assert set(GoldenResult.objects.filter(eval_run=run).values_list("golden_item_id", flat=True)) == \
+        {item.pk for item in items}
 
 
 def test_a_judge_put_off_for_too_long_is_a_grading_error_not_a_failed_eval_run(judge_server, judged_set, settings):
