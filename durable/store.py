@@ -66,6 +66,25 @@ def raw_cursor() -> psycopg.Cursor:
     return psycopg.Cursor(connection.connection)
 
 
+def execute_prepared(cursor: psycopg.Cursor, sql: str, params) -> psycopg.Cursor:
+    """Run one of the engine's hot statements prepared on `cursor` (a ``raw_cursor``).
+
+    A migration run from another process (a deploy) that changes the type of a column a prepared statement
+    returns leaves its plan unusable in every session that holds it: "cached plan must not change result
+    type". Inside a transaction the rollback that follows the error makes psycopg forget its prepared
+    statements; outside one nothing would, and the statement would fail on this connection for as long
+    as the pool keeps it (every claim of every turn). So then they are deallocated (psycopg clears its own
+    cache when it sees DEALLOCATE ALL) and the statement runs once more, prepared afresh."""
+    try:
+        return cursor.execute(sql, params, prepare=True)
+    except psycopg.errors.FeatureNotSupported as exc:
+        idle = cursor.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if not idle or "cached plan must not change result type" not in str(exc):
+            raise
+        cursor.connection.execute("DEALLOCATE ALL")
+        return cursor.execute(sql, params, prepare=True)
+
+
 # ---------------------------------------------------------------------------------------- creation
 
 
@@ -146,7 +165,7 @@ ORDER BY seq DESC LIMIT 1
 
 def fan_has_pending(run_id: str, group: int) -> bool:
     cursor = raw_cursor()
-    cursor.execute(FAN_PENDING_SQL, (run_id, group), prepare=True)
+    execute_prepared(cursor, FAN_PENDING_SQL, (run_id, group))
     return cursor.fetchone() is not None
 
 
@@ -176,7 +195,7 @@ RETURNING workflow, input, namespace, priority, tags, turns, parent_id, epoch, f
 def run_claim(cursor: psycopg.Cursor, run_id: str, token: str, lease_seconds: float):
     """Take the run's lease for one turn. Crash after commit: the lease expires and the tick's
     recovery pass hands the run to another worker (counting a recovery attempt)."""
-    cursor.execute(CLAIM_SQL, (token, lease_seconds, run_id), prepare=True)
+    execute_prepared(cursor, CLAIM_SQL, (token, lease_seconds, run_id))
     return cursor.fetchone()
 
 
@@ -263,7 +282,7 @@ def run_finish(run_id: str, token: str, status: str, *, output_text: str = "", e
     params = [status, output_text, error_text, run_id, token]
     if not has_parent and not open_work:  # the hot path of a root run: one prepared statement
         cursor = raw_cursor()
-        cursor.execute(FINISH_SQL, params, prepare=True)
+        execute_prepared(cursor, FINISH_SQL, params)
         return cursor.fetchone()
     with transaction.atomic(durable=False), connection.cursor() as cursor:
         descendants = _lock_descendants(run_id) if open_work else []
@@ -377,15 +396,15 @@ def checkpoint_record(cursor: psycopg.Cursor, *, run_id: str, token: str, fence:
     sequence number is taken by a checkpoint of the current history (or, `leased`, the lease is gone).
     An inline step is created when it starts (it never waits in a queue), so created_at is `started`."""
     if leased:
-        cursor.execute(INSERT_DONE_LEASED_SQL,
-                       (seq, name, kind, output_text, attempt, fence, started, started, run_id, token), prepare=True)
+        execute_prepared(cursor, INSERT_DONE_LEASED_SQL,
+                         (seq, name, kind, output_text, attempt, fence, started, started, run_id, token))
         return cursor.rowcount == 1
     params = (run_id, seq, name, kind, output_text, attempt, fence, started, started)
-    cursor.execute(INSERT_DONE_SQL, params, prepare=True)
+    execute_prepared(cursor, INSERT_DONE_SQL, params)
     if cursor.rowcount == 1:
         return True
     if checkpoints_drop_stale(run_id=run_id, token=token, fence=fence, seq=seq):
-        cursor.execute(INSERT_DONE_SQL, params, prepare=True)
+        execute_prepared(cursor, INSERT_DONE_SQL, params)
         return cursor.rowcount == 1
     return False
 

@@ -83,7 +83,7 @@ def _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority,
           epoch, fence) -> TurnResult:
     checkpoints = {}
     if turns > 1:  # the first claim of a history: nothing can have been checkpointed yet
-        cursor.execute(REPLAY_SQL, (run_id,), prepare=True)
+        store.execute_prepared(cursor, REPLAY_SQL, (run_id,))
         rows = cursor.fetchall()
         checkpoints = {row[0]: _Checkpoint(row) for row in rows if row[-1] == fence}
         if len(checkpoints) != len(rows):  # late writes of an abandoned history

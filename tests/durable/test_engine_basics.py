@@ -37,3 +37,23 @@ def test_the_engines_hot_statements_are_prepared_on_the_server():
         cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
                        ["%locked_until = statement_timestamp()%"])
         assert cursor.fetchone()[0] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_turns_still_run_after_a_migration_changed_a_column_the_claim_returns():
+    """A deploy's migration, run from another process, widens a column the claim returns while this
+    worker's connection holds the claim prepared."""
+    from django.db import connections
+
+    assert run_until_settled(run_start(workflow="tests.sequence", input={"steps": 1}).id).status == "completed"
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("ALTER TABLE durable_durablerun ALTER COLUMN workflow TYPE varchar(300)")
+        for _ in range(2):  # not only the first turn after it: every later one on this connection too
+            run = run_until_settled(run_start(workflow="tests.sequence", input={"steps": 1}).id, max_wait=10)
+            assert run.status == "completed", run.error
+    finally:
+        with other.cursor() as cursor:
+            cursor.execute("ALTER TABLE durable_durablerun ALTER COLUMN workflow TYPE varchar(200)")
+        other.close()
