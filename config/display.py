@@ -8,6 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.contrib import admin
+from django.utils.html import format_html
 
 DASH = "-"
 
@@ -65,3 +66,18 @@ def moment(value) -> str:
     from django.utils import timezone
 
     return DASH if value is None else timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def ago(value) -> str:
+    """How long ago a moment was, in its largest unit ("3 minutes ago"); "-" for None."""
+    from django.utils import timezone
+    from django.utils.timesince import timesince
+
+    if value is None:
+        return DASH
+    return f"{timesince(value, timezone.now(), depth=1)} ago"
+
+
+def status_badge(status: str, label: str):
+    """A status as a coloured pill (the `wf-status` styles of admin/workflows/_styles.html)."""
+    return format_html('<span class="wf-status wf-status-{}">{}</span>', status, label)
