@@ -69,13 +69,10 @@ def moment(value) -> str:
 
 
 def ago(value) -> str:
-    """How long ago a moment was, in its largest unit ("3 minutes ago"); "-" for None."""
-    from django.utils import timezone
-    from django.utils.timesince import timesince
+    """How long ago a moment was, as Django's naturaltime says it ("3 minutes ago", "now"); "-" for None."""
+    from django.contrib.humanize.templatetags.humanize import naturaltime
 
-    if value is None:
-        return DASH
-    return f"{timesince(value, timezone.now(), depth=1)} ago"
+    return DASH if value is None else str(naturaltime(value))
 
 
 def status_badge(status: str, label: str):

@@ -171,7 +171,9 @@ def gantt_svg(rows: list[selectors.GanttRow], *, origin, finish, active: bool):
         left = min(max((start - origin).total_seconds() / total, 0), 1) * plot_w
         width = max(min((end - start).total_seconds() / total * plot_w, plot_w - left), 2)
         duration = seconds_text((end - start).total_seconds())
-        label = (f"{row.name}: {row.count} {'children' if row.kind == 'child' else 'steps'}"
+        noun = ("child" if row.count == 1 else "children") if row.kind == "child" else \
+            ("step" if row.count == 1 else "steps")
+        label = (f"{row.name}: {row.count} {noun}"
                  if row.parallel_group is not None else f"#{row.seq} {row.name}")
         counts = f", {row.failed} failed" if row.failed else ""
         counts += f", {row.open} open" if row.open else ""
@@ -331,9 +333,9 @@ class DurableRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     actions = ("retry_runs", "cancel_runs", "signal_runs")
     change_form_template = "admin/durable/durablerun/change_form.html"
     fields = ("id", "workflow", "namespace", "status_display", "tags_display", "priority", "parent_link",
-              "parent_seq", "turns", "recovery_attempts", "wake_pending", "wake_at", "locked_by", "locked_until",
-              "created_at", "started_at", "updated_at", "ended_at", "duration_display", "input_pretty",
-              "output_pretty", "error_pretty")
+              "parent_seq", "turns", "recovery_attempts", "wake_pending", "wake_at_display", "locked_by",
+              "locked_until_display", "created_display", "started_display", "updated_display", "ended_display",
+              "duration_display", "input_pretty", "output_pretty", "error_pretty")
     readonly_fields = fields
 
     def get_queryset(self, request):
@@ -404,6 +406,22 @@ class DurableRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
             return "-"
         return format_html_join(" ", '<a class="durable-tag" href="{}?tag={}&amp;children=show">{}</a>',
                                 ((CHANGELIST, quote_param(tag), tag) for tag in run.tags))
+
+    def _moment(field: str, description: str):
+        @admin.display(description=description, ordering=field)
+        def show(self, run):
+            value = getattr(run, field)
+            return moment(value) if value is None else format_html('{} <small class="durable-age">({})</small>',
+                                                                   moment(value), ago(value))
+        return show
+
+    created_display = _moment("created_at", "created at")
+    started_display = _moment("started_at", "started at")
+    updated_display = _moment("updated_at", "updated at")
+    ended_display = _moment("ended_at", "ended at")
+    wake_at_display = _moment("wake_at", "wake at")
+    locked_until_display = _moment("locked_until", "locked until")
+    del _moment
 
     @admin.display(description="input")
     def input_pretty(self, run):
