@@ -16,7 +16,7 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import quote, unquote
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import DurationField, ExpressionWrapper, F, Q
 from django.db.models.functions import Coalesce, Now
 from django.http import Http404, HttpResponseNotAllowed
@@ -529,25 +529,43 @@ class DurableRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
             run = self._run_acted_on(request, object_id)
         except _NotAllowed:
             return HttpResponseNotAllowed(["POST"])
-        ended = f"{run.status}: {error_summary(run.error, row=run.id)}" if run.error else run.status
-        if services.run_retry(run_id=run.id):
-            self._log(request, [(run.id, f"Retried. The attempt it ended: {ended}", run.error)])
+        ended = self._retry_logged(request, run.id, how="Retried")
+        if ended is not None:
             self.message_user(request, f"Retried run {run.id}: it resumes from its last completed step "
                                        f"(the attempt it ended: {ended}).", messages.SUCCESS)
         else:
+            run.refresh_from_db(fields=["status"])
             self.message_user(request, f"Run {run.id} was not retried: it is {run.status} (only failed, cancelled "
                                        "or dead runs are retried).", messages.ERROR)
         return self._change_page(run)
+
+    def _retry_logged(self, request, run_id: str, *, how: str) -> str | None:
+        """Retry a run and log the end of the attempt it ends, in one transaction: the error the retry erases
+        is read under the row's lock (a second operator's retry waits, then finds nothing to retry), and a
+        crash leaves both the retry and its log entry or neither. Returns that end ("failed: <error>"), or
+        None when the run was not retryable."""
+        with transaction.atomic():
+            row = DurableRun.objects.select_for_update().filter(pk=run_id).values_list("status", "error").first()
+            if row is None or not services.run_retry(run_id=run_id):
+                return None
+            status, error = row
+            ended = f"{status}: {error_summary(error, row=run_id)}" if error else status
+            self._log(request, [(run_id, f"{how}. The attempt it ended: {ended}", error)])
+        return ended
 
     def cancel_view(self, request, object_id):
         try:
             run = self._run_acted_on(request, object_id)
         except _NotAllowed:
             return HttpResponseNotAllowed(["POST"])
-        if services.run_cancel(run_id=run.id, reason=f"cancelled by {request.user} in the admin"):
-            self._log(request, [(run.id, "Cancelled, with its active child runs.", "")])
+        with transaction.atomic():
+            cancelled = services.run_cancel(run_id=run.id, reason=f"cancelled by {request.user} in the admin")
+            if cancelled:
+                self._log(request, [(run.id, "Cancelled, with its active child runs.", "")])
+        if cancelled:
             self.message_user(request, f"Cancelled run {run.id} and its active child runs.", messages.SUCCESS)
         else:
+            run.refresh_from_db(fields=["status"])
             self.message_user(request, f"Run {run.id} was not cancelled: it is {run.status} (only pending, running "
                                        "or suspended runs are cancelled).", messages.ERROR)
         return self._change_page(run)
@@ -566,11 +584,12 @@ class DurableRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
                                                                            "signal_open": True})
         name, payload = form.cleaned_data["name"], form.cleaned_data["payload"]
         try:
-            outcome = services.signal_send(run_id=run.id, name=name, payload=payload)
+            with transaction.atomic():
+                outcome = services.signal_send(run_id=run.id, name=name, payload=payload)
+                self._log(request, [(run.id, f"Sent the signal {name!r} ({outcome}).", "")])
         except (services.RunNotFound, services.InvalidRunState) as exc:
             self.message_user(request, f"Signal {name!r} not sent: {exc}.", messages.ERROR)
             return self._change_page(run)
-        self._log(request, [(run.id, f"Sent the signal {name!r} ({outcome}).", "")])
         done = "delivered to its waiting step" if outcome == "delivered" else \
             "buffered until the run waits for it"
         self.message_user(request, f"Signal {name!r} sent to run {run.id}: {done}.", messages.SUCCESS)
@@ -596,11 +615,9 @@ class DurableRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
 
     @admin.action(description="Retry selected failed, cancelled or dead runs", permissions=["act"])
     def retry_runs(self, request, queryset):
-        rows, selected = self._eligible(queryset, DurableRun.Status.RETRYABLE, "status", "error")
-        retried = [(run_id, status, error) for run_id, status, error in rows if services.run_retry(run_id=run_id)]
-        self._log(request, [(run_id, "Retried (a list action). The attempt it ended: "
-                                     f"{status}{': ' + error_summary(error, row=run_id) if error else ''}", error)
-                            for run_id, status, error in retried])
+        rows, selected = self._eligible(queryset, DurableRun.Status.RETRYABLE)
+        retried = [run_id for (run_id,) in rows
+                   if self._retry_logged(request, run_id, how="Retried (a list action)") is not None]
         self.message_user(request, f"Retried {len(retried)} of {selected} selected runs "
                                    f"(only failed, cancelled or dead runs are retried; at most "
                                    f"{services.BULK_LIMIT} at once).", messages.SUCCESS)

@@ -272,6 +272,8 @@ def test_retry_button_runs_a_failed_run_again_and_its_page_keeps_the_failure_it_
     html = response.content.decode()
     assert f"Retried run {failed.id}" in html and "asked to fail" in html  # the message names what it ended
     assert DurableRun.objects.get(pk=failed.id).status == "pending"
+    second = admin_client.post(act_url(failed.id, "retry"), follow=True)  # a second operator, a moment late
+    assert f"Run {failed.id} was not retried: it is pending" in second.content.decode()
 
     again = run_until_settled(failed.id)
     assert again.status == "failed"
