@@ -8,6 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.contrib import admin
+from django.utils.html import format_html
 
 DASH = "-"
 
@@ -65,3 +66,15 @@ def moment(value) -> str:
     from django.utils import timezone
 
     return DASH if value is None else timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def ago(value) -> str:
+    """How long ago a moment was, as Django's naturaltime says it ("3 minutes ago", "now"); "-" for None."""
+    from django.contrib.humanize.templatetags.humanize import naturaltime
+
+    return DASH if value is None else str(naturaltime(value))
+
+
+def status_badge(status: str, label: str):
+    """A status as a coloured pill (the `wf-status` styles of admin/workflows/_styles.html)."""
+    return format_html('<span class="wf-status wf-status-{}">{}</span>', status, label)

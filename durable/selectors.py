@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
 
 from durable.codec import Undecodable, decode, decode_strict
 from durable.models import DurableRun, RunAttribute, StepCheckpoint
@@ -315,6 +316,54 @@ def fan_stats(run_id: str, group: int | None = None, *, namespaces=None) -> list
             first_started_at=Min("started_at"), last_completed_at=Max("completed_at"), attempts=Sum("attempt"),
         ).order_by("parallel_group", "status", "kind")
     )
+
+
+@dataclass
+class GanttRow:
+    """One row of a run's Gantt chart: a sequential checkpoint, or a whole fan (parallel_group) folded into
+    one row spanning its first start to its last end."""
+
+    seq: int
+    name: str
+    kind: str
+    status: str
+    parallel_group: int | None
+    start: datetime | None
+    end: datetime | None
+    count: int = 1
+    failed: int = 0
+    open: int = 0
+
+
+def run_gantt(run_id: str, *, limit: int, namespaces=None) -> tuple[list[GanttRow], bool]:
+    """The first `limit` rows of a run's Gantt chart in seq order, and whether there are more: its
+    sequential checkpoints one a row, each fan one row. Two queries whatever the fans' sizes: the
+    sequential checkpoints through the (run, seq) key, the fans as one GROUP BY parallel_group through
+    the partial (run, parallel_group, seq) index; each read at most `limit` + 1 rows. Raises RunNotFound."""
+    _run_exists(run_id, namespaces)
+    current = StepCheckpoint.objects.filter(run_id=run_id, fence=F("run__fence"))
+    rows = [GanttRow(seq=seq, name=name, kind=kind, status=status, parallel_group=None,
+                     start=started_at or created_at, end=completed_at,
+                     failed=int(status == StepCheckpoint.Status.FAILED),
+                     open=int(status in StepCheckpoint.Status.OPEN))
+            for seq, name, kind, status, created_at, started_at, completed_at in
+            current.filter(parallel_group__isnull=True).order_by("seq").values_list(
+                "seq", "name", "kind", "status", "created_at", "started_at", "completed_at")[:limit + 1]]
+    fans = current.filter(parallel_group__isnull=False).order_by().values("parallel_group").annotate(
+        first_seq=Min("seq"), count=Count("*"), start=Min(Coalesce("started_at", "created_at")),
+        end=Max("completed_at"), failed=Count("pk", filter=Q(status=StepCheckpoint.Status.FAILED)),
+        open=Count("pk", filter=Q(status__in=StepCheckpoint.Status.OPEN)),
+        children=Count("pk", filter=Q(kind=StepCheckpoint.Kind.CHILD)),
+    ).order_by("first_seq")[:limit + 1]
+    for fan in fans:
+        status = ("failed" if fan["failed"] else "running" if fan["open"] else StepCheckpoint.Status.COMPLETED)
+        kind = "child" if fan["children"] == fan["count"] else "step"
+        rows.append(GanttRow(seq=fan["first_seq"], name=f"fan {fan['parallel_group']}", kind=kind, status=status,
+                             parallel_group=fan["parallel_group"], start=fan["start"],
+                             end=None if fan["open"] else fan["end"], count=fan["count"], failed=fan["failed"],
+                             open=fan["open"]))
+    rows.sort(key=lambda row: row.seq)
+    return rows[:limit], len(rows) > limit
 
 
 class ScopedRunReader:

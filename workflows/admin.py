@@ -34,7 +34,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
-from config.display import number_field, usd
+from config.display import number_field, status_badge, usd
 from config.display import seconds as seconds_text
 from durable.admin import pretty_json
 from workflows import graph, services
@@ -220,10 +220,6 @@ class DecisionForm(forms.Form):
     node_seq = forms.IntegerField(min_value=1)
     decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
     comment = forms.CharField(required=False, max_length=10_000, widget=forms.Textarea(attrs={"rows": 2}))
-
-
-def status_badge(status: str, label: str):
-    return format_html('<span class="wf-status wf-status-{}">{}</span>', status, label)
 
 
 @admin.register(WorkflowInvocation)

@@ -52,3 +52,37 @@ def test_operator_sees_the_runs_and_a_run_timeline(live_server, finished_run, pa
     assert timeline.locator("tbody tr").count() == 3
     assert "add-2" in timeline.inner_text()
     assert page.url.endswith(reverse("admin:durable_durablerun_change", args=[quote(run.id)]))
+
+
+@pytest.fixture
+def failed_run(transactional_db):
+    get_user_model().objects.create_superuser("operator", "operator@example.test", "s3cret-pass")
+    parent = run_until_settled(run_start(workflow="tests.parent", input={}).id)
+    run = run_until_settled(run_start(workflow="tests.fan_failing", input={}).id)
+    assert run.status == "failed" and parent.status == "completed"
+    return run
+
+
+def test_operator_retries_a_failed_run_from_its_page(live_server, failed_run, browser_page, tmp_path):
+    page, run = browser_page, failed_run
+    log_in(page, live_server)
+    page.goto(live_server.url + reverse("admin:durable_durablerun_change", args=[quote(run.id)]))
+    page.locator("#durable-gantt svg").wait_for(state="visible")
+    assert page.locator(".durable-traceback").first.is_visible()
+    assert page.locator("#durable-cancel").count() == 0
+    page.screenshot(path=str(tmp_path / "durable-run-failed.png"), full_page=True)
+    assert_fits_the_screen(page)
+
+    page.click("#durable-retry")
+    page.wait_for_selector("ul.messagelist li.success")
+    assert f"Retried run {run.id}" in page.locator("ul.messagelist").inner_text()
+    assert page.url.endswith(reverse("admin:durable_durablerun_change", args=[quote(run.id)]))
+    assert page.locator("#durable-retry").count() == 0  # pending now: cancel and signal instead
+    assert page.locator("#durable-cancel").is_visible()
+    assert "The attempt it ended: failed" in page.locator("#durable-log").inner_text()
+    page.screenshot(path=str(tmp_path / "durable-run-retried.png"), full_page=True)
+    assert_fits_the_screen(page)
+
+    page.goto(live_server.url + reverse("admin:durable_durablerun_changelist") + "?children=show")
+    page.screenshot(path=str(tmp_path / "durable-runs-with-children.png"), full_page=True)
+    assert_fits_the_screen(page)
