@@ -83,6 +83,13 @@ def test_one_supervisor_per_data_directory(tmp_path):
     assert Supervisor(tmp_path).running_services() is None
 
 
+def test_the_supervisor_still_answers_to_its_old_module_name():
+    result = subprocess.run([sys.executable, "-m", "config.services", "exec", "--help"], cwd=BASE_DIR,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "python -m config.supervisor exec" in result.stdout and "--fast" in result.stdout
+
+
 # ------------------------------------------------------------------------------ /healthz/live and /ready
 
 def test_liveness_answers_without_asking_the_database(client, django_assert_max_num_queries):
