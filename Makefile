@@ -26,20 +26,20 @@ $(STAMP): $(PY)
 	touch $@
 
 run: $(STAMP)
-	$(PY) -m config.services run
+	$(PY) -m config.supervisor run
 
 test: $(STAMP)
-	$(PY) -m config.services --data .data/test exec --fast -- $(PY) -m pytest $(ARGS)
+	$(PY) -m config.supervisor --data .data/test exec --fast -- $(PY) -m pytest $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m config.services --data .data/test exec --fast -- $(PY) manage.py makemigrations --check --dry-run
+	$(PY) -m config.supervisor --data .data/test exec --fast -- $(PY) manage.py makemigrations --check --dry-run
 
 bench: $(STAMP)
-	$(PY) -m config.services --data .data/bench exec -- $(PY) -m bench $(NAME)
+	$(PY) -m config.supervisor --data .data/bench exec -- $(PY) -m bench $(NAME)
 
 manage: $(STAMP)
-	$(PY) -m config.services exec -- $(PY) manage.py $(ARGS)
+	$(PY) -m config.supervisor exec -- $(PY) manage.py $(ARGS)
 
 # the runtime dependencies of pyproject.toml (no extras, not the project itself) pinned with their hashes for
 # Python 3.11 on Linux x86-64: the Dockerfile installs them in a layer of their own

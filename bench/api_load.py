@@ -3,7 +3,7 @@
 In a dedicated database (bench_api_load, dropped afterwards) and Redis database 13 (emptied
 afterwards), the benchmark seeds one workspace with a member, 5,000 finished durable runs and 20
 knowledge sources (ingested in-process), then starts what `make run` starts against them: gunicorn
-(`config.services.gunicorn_command`: 2 workers x 4 threads by default), a Celery worker (prefork, 2
+(`config.supervisor.gunicorn_command`: 2 workers x 4 threads by default), a Celery worker (prefork, 2
 processes) and beat, with DEBUG off. N clients (32 by default), each a thread with one keep-alive
 HTTP connection to 127.0.0.1, send requests for `--duration` seconds (60 by default) as the member
 (a token), each picking one of:
@@ -100,7 +100,7 @@ def seed(runs: int, sources: int) -> dict:
 
 def start_installation(args, env: dict, logdir: Path) -> list[subprocess.Popen]:
     """gunicorn + Celery worker + beat, each leading its own process group, logging into logdir."""
-    from config.services import gunicorn_command
+    from config.supervisor import gunicorn_command
 
     python = sys.executable
     commands = {
@@ -258,7 +258,7 @@ def main() -> int:
 
 
 def _run(args) -> int:
-    from config.services import stop_process_groups
+    from config.supervisor import stop_process_groups
 
     common.setup_django(BENCH_DB)
     from django.conf import settings

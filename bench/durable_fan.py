@@ -32,7 +32,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from bench import common
-from config.services import stop_process_groups
+from config.supervisor import stop_process_groups
 
 NAME = "durable_fan"
 BENCH_DB = "bench_durable_fan"

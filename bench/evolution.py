@@ -78,7 +78,8 @@ def force_offline() -> None:
 def check_offline() -> str:
     """The provider the canonical agents' models resolve to; refuses anything but the offline one."""
     from evals.agents import model_tiers
-    from llm.chat import OFFLINE_PROVIDER, resolve_model
+    from llm.names import resolve_model
+    from llm.providers import OFFLINE_PROVIDER
 
     for model in model_tiers().values():
         provider = resolve_model(model).provider

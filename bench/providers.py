@@ -208,7 +208,7 @@ class Platform:
     """The prefork worker and the llm worker as `make run` starts them, logging into `log_dir`."""
 
     def __init__(self, log_dir: Path, env: dict[str, str], in_flight: int, database_url: str | None = None):
-        from config.services import llm_worker_command
+        from config.supervisor import llm_worker_command
 
         python = sys.executable
         self.env = {**os.environ, **env, **({"DATABASE_URL": database_url} if database_url else {})}
@@ -242,7 +242,7 @@ class Platform:
         raise RuntimeError("the workers were not ready within the timeout")
 
     def stop(self) -> None:
-        from config.services import stop_process_groups
+        from config.supervisor import stop_process_groups
 
         stop_process_groups(self.processes, timeout=20)
         self.processes.clear()

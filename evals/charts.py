@@ -16,38 +16,29 @@ user (item inputs, version labels) goes through ``escape``; numbers are formatte
 
 from __future__ import annotations
 
-import math
-
 from django.utils.html import escape
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 
-FONT = "-apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"
-AXIS = "#40474f"
-GRID = "#e3e6e9"
-MUTED = "#6b737b"
-UP, DOWN, SAME, CRITICAL = "#2f8a4c", "#c9473c", "#9aa3ab", "#7d0f08"
+from config.svg import (
+    AXIS,
+    BLUE,
+    DARK_RED,
+    GREEN,
+    GREY,
+    GRID,
+    MUTED,
+    RED,
+    clip,
+    count_ticks,
+    number,
+    svg,
+    two_places,
+    x_axis,
+    y_axis,
+)
+
+UP, DOWN, SAME, CRITICAL = GREEN, RED, GREY, DARK_RED
 TOOLTIP_ITEMS = 12  # items named in a shared line's tooltip
-
-
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _number(value: float) -> str:
-    """A score or an axis value: at most two decimals, no trailing zeros (0, 0.1, 0.25, 1)."""
-    return f"{value:.2f}".rstrip("0").rstrip(".") if value is not None else "-"
-
-
-def _score(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def _svg(css_class: str, width: int, height: int, title: str, body: str) -> SafeString:
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" class="{css_class}" role="img" width="{width}" '
-           f'height="{height}" viewBox="0 0 {width} {height}" font-family="{FONT}">'
-           f'<title>{escape(title)}</title>{body}</svg>')
-    return mark_safe(svg)  # noqa: S308 - every piece of text in body and title went through escape()
 
 
 # ---------------------------------------------------------------------------------------- histogram
@@ -56,27 +47,16 @@ HIST_W, HIST_H = 600, 280
 HIST_LEFT, HIST_RIGHT, HIST_TOP, HIST_BOTTOM = 56, 18, 22, 56
 
 
-def _count_ticks(peak: int) -> list[int]:
-    """Whole-number ticks from 0 to at least `peak`, at most about six of them."""
-    step = max(1, math.ceil(peak / 5))
-    return list(range(0, max(step, math.ceil(peak / step) * step) + 1, step))
-
-
 def histogram_svg(bins: list[dict], *, title: str = "Score histogram") -> SafeString:
     """Bars of `bins` ([{"low", "high", "count"}], as evals.selectors.score_histogram returns them)."""
     plot_w = HIST_W - HIST_LEFT - HIST_RIGHT
     plot_h = HIST_H - HIST_TOP - HIST_BOTTOM
     bottom = HIST_TOP + plot_h
     total = sum(int(b["count"]) for b in bins)
-    ticks = _count_ticks(max([int(b["count"]) for b in bins] or [0]))
+    ticks = count_ticks(max([int(b["count"]) for b in bins] or [0]), steps=5)
     top_value = ticks[-1]
-    parts = ['<g class="ev-axis ev-axis-y" font-size="11" fill="' + MUTED + '">']
-    for tick in ticks:
-        y = bottom - plot_h * tick / top_value
-        parts.append(f'<line x1="{HIST_LEFT}" y1="{y:.1f}" x2="{HIST_LEFT + plot_w}" y2="{y:.1f}" stroke="{GRID}"/>'
-                     f'<text x="{HIST_LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{tick}</text>')
-    parts.append(f'<text class="ev-axis-title" x="16" y="{HIST_TOP + plot_h / 2:.1f}" text-anchor="middle" '
-                 f'transform="rotate(-90 16 {HIST_TOP + plot_h / 2:.1f})" fill="{AXIS}">items</text></g>')
+    parts = [y_axis("ev", [(bottom - plot_h * tick / top_value, str(tick)) for tick in ticks], left=HIST_LEFT,
+                    right=HIST_LEFT + plot_w, middle=HIST_TOP + plot_h / 2, title="items")]
     slot = plot_w / max(1, len(bins))
     parts.append('<g class="ev-bars">')
     for index, entry in enumerate(bins):
@@ -84,31 +64,25 @@ def histogram_svg(bins: list[dict], *, title: str = "Score histogram") -> SafeSt
         height = plot_h * count / top_value
         x = HIST_LEFT + index * slot
         last = index == len(bins) - 1
-        low, high = _number(entry["low"]), _number(entry["high"])
+        low, high = number(entry["low"]), number(entry["high"])
         label = (f"{low} to {high}{' (1 included)' if last else ''}: "
                  f"{count} item{'s' if count != 1 else ''}")
         parts.append(f'<g class="ev-hist-bin"><title>{escape(label)}</title>'
                      f'<rect class="ev-hist-bar" data-low="{low}" data-high="{high}" '
                      f'data-count="{count}" x="{x + 2:.1f}" y="{bottom - height:.1f}" width="{slot - 4:.1f}" '
-                     f'height="{height:.1f}" fill="#3f83c4"/>')
+                     f'height="{height:.1f}" fill="{BLUE}"/>')
         if count:
             parts.append(f'<text class="ev-hist-count" x="{x + slot / 2:.1f}" y="{bottom - height - 4:.1f}" '
                          f'text-anchor="middle" font-size="11" fill="{AXIS}">{count}</text>')
         parts.append("</g>")
     parts.append("</g>")
-    parts.append(f'<g class="ev-axis ev-axis-x" font-size="11" fill="{MUTED}">'
-                 f'<line x1="{HIST_LEFT}" y1="{bottom}" x2="{HIST_LEFT + plot_w}" y2="{bottom}" stroke="{AXIS}"/>')
     edges = [entry["low"] for entry in bins] + ([bins[-1]["high"]] if bins else [])
-    for index, edge in enumerate(edges):
-        x = HIST_LEFT + index * slot
-        parts.append(f'<line x1="{x:.1f}" y1="{bottom}" x2="{x:.1f}" y2="{bottom + 4}" stroke="{AXIS}"/>'
-                     f'<text class="ev-tick" x="{x:.1f}" y="{bottom + 17}" text-anchor="middle">{_number(edge)}</text>')
-    parts.append(f'<text class="ev-axis-title" x="{HIST_LEFT + plot_w / 2:.1f}" y="{HIST_H - 12}" '
-                 f'text-anchor="middle" fill="{AXIS}">score</text></g>')
+    parts.append(x_axis("ev", [(HIST_LEFT + index * slot, number(edge)) for index, edge in enumerate(edges)],
+                        left=HIST_LEFT, right=HIST_LEFT + plot_w, bottom=bottom, title="score", title_y=HIST_H - 12))
     if not total:
         parts.append(f'<text x="{HIST_LEFT + plot_w / 2:.1f}" y="{HIST_TOP + plot_h / 2:.1f}" text-anchor="middle" '
                      f'font-size="13" fill="{MUTED}">no scored items</text>')
-    return _svg("ev-histogram", HIST_W, HIST_H, f"{title}: {total} scored item{'s' if total != 1 else ''}",
+    return svg("ev-histogram", HIST_W, HIST_H, f"{title}: {total} scored item{'s' if total != 1 else ''}",
                 "".join(parts))
 
 
@@ -139,13 +113,13 @@ def paired_svg(pairs: list[dict], *, label_a: str, label_b: str, mean_a: float |
     for tick in (0, 0.25, 0.5, 0.75, 1):
         parts.append(f'<line x1="{AXIS_A}" y1="{y(tick):.1f}" x2="{AXIS_B}" y2="{y(tick):.1f}" stroke="{GRID}"/>'
                      f'<text class="ev-tick" x="{AXIS_A - 10}" y="{y(tick) + 4:.1f}" text-anchor="end">'
-                     f'{_number(tick)}</text>'
-                     f'<text class="ev-tick" x="{AXIS_B + 10}" y="{y(tick) + 4:.1f}">{_number(tick)}</text>')
+                     f'{number(tick)}</text>'
+                     f'<text class="ev-tick" x="{AXIS_B + 10}" y="{y(tick) + 4:.1f}">{number(tick)}</text>')
     for x, label in ((AXIS_A, label_a), (AXIS_B, label_b)):
         parts.append(f'<line x1="{x}" y1="{PAIR_TOP}" x2="{x}" y2="{PAIR_TOP + plot_h}" stroke="{AXIS}" '
                      f'stroke-width="1.4"/>')
         parts.append(f'<text class="ev-version-label" x="{x}" y="{PAIR_TOP - 16}" text-anchor="middle" '
-                     f'font-size="12" font-weight="bold" fill="{AXIS}">{escape(_clip(label, 40))}</text>')
+                     f'font-size="12" font-weight="bold" fill="{AXIS}">{escape(clip(label, 40))}</text>')
     parts.append(f'<text class="ev-axis-title" x="{AXIS_A - 52}" y="{PAIR_TOP + plot_h / 2:.1f}" '
                  f'text-anchor="middle" transform="rotate(-90 {AXIS_A - 52} {PAIR_TOP + plot_h / 2:.1f})" '
                  f'fill="{AXIS}">score</text></g>')
@@ -158,14 +132,14 @@ def paired_svg(pairs: list[dict], *, label_a: str, label_b: str, mean_a: float |
         direction = _direction(a, b)
         colour = CRITICAL if critical else {"up": UP, "down": DOWN, "same": SAME}[direction]
         width = 3.5 if critical else min(1.6 + 0.8 * (len(members) - 1), 8)
-        names = [f"{_clip(p['label'], 80)}" for p in members[:TOOLTIP_ITEMS]]
+        names = [f"{clip(p['label'], 80)}" for p in members[:TOOLTIP_ITEMS]]
         if len(members) > TOOLTIP_ITEMS:
             names.append(f"and {len(members) - TOOLTIP_ITEMS} more")
-        tooltip = (f"{len(members)} item{'s' if len(members) != 1 else ''}: a {_score(a)} → b {_score(b)} "
+        tooltip = (f"{len(members)} item{'s' if len(members) != 1 else ''}: a {two_places(a)} → b {two_places(b)} "
                    f"({b - a:+.2f}){', critical regression' if critical else ''}\n" + "\n".join(names))
         classes = f"ev-pair ev-pair-{direction}" + (" ev-pair-critical" if critical else "")
         parts.append(
-            f'<g class="{classes}" data-items="{len(members)}" data-a="{_score(a)}" data-b="{_score(b)}">'
+            f'<g class="{classes}" data-items="{len(members)}" data-a="{two_places(a)}" data-b="{two_places(b)}">'
             f'<title>{escape(tooltip)}</title>'
             f'<line x1="{AXIS_A}" y1="{y(a):.1f}" x2="{AXIS_B}" y2="{y(b):.1f}" stroke="{colour}" '
             f'stroke-width="{width:.1f}" stroke-opacity="0.85" stroke-linecap="round"/>'
@@ -191,5 +165,5 @@ def paired_svg(pairs: list[dict], *, label_a: str, label_b: str, mean_a: float |
     if not paired:
         parts.append(f'<text x="{PAIR_W / 2:.0f}" y="{PAIR_TOP + plot_h / 2:.1f}" text-anchor="middle" font-size="13" '
                      f'fill="{MUTED}">no item scored by both versions</text>')
-    return _svg("ev-paired", PAIR_W, PAIR_H, f"Paired scores of {label_a} and {label_b}: {legend}",
+    return svg("ev-paired", PAIR_W, PAIR_H, f"Paired scores of {label_a} and {label_b}: {legend}",
                 "".join(parts))

@@ -35,7 +35,8 @@ def grading_digest(graders: list[dict], judge_model: str | None) -> str:
     """The graders and who judges: the judge's model as this installation resolves it (the offline
     fallback when the offline provider answers), so a result graded by another judge is not reused."""
     from evals.graders import graders_hash
-    from llm.chat import ChatError, resolve_model
+    from llm.errors import ChatError
+    from llm.names import resolve_model
 
     try:
         resolved = resolve_model(judge_model) if judge_model else None
@@ -200,7 +201,9 @@ def judge_call(request: dict, caller: str = "") -> dict:
     is held while the judge answers, and a provider limit, 429 or 5xx puts the step off on a durable
     timer (TryLater) instead of waiting in a worker's thread. `caller` names the call across its tries."""
     from durable import TryLater, deferrals, release_connection
-    from llm.chat import CallPutOff, ChatError, ChatRequest, PutOff, chat
+    from llm.chat import PutOff, chat
+    from llm.errors import CallPutOff, ChatError
+    from llm.types import ChatRequest
 
     release_connection()
     try:
@@ -216,7 +219,8 @@ def judge_call(request: dict, caller: str = "") -> dict:
 def _recorded_judge(answers: list[dict]):
     """A judge for ``grade`` answering from the recorded calls, in order; past them, JudgePending."""
     from evals.graders import JudgePending
-    from llm.chat import ChatError, ChatResponse
+    from llm.errors import ChatError
+    from llm.types import ChatResponse
 
     left = list(answers)
 

@@ -78,7 +78,8 @@ def target_node(version: WorkflowVersion, failures: list[GoldenResult]) -> str:
 def propose(*, eval_run: EvalRun, user=None, create: bool = True) -> Proposal:
     """Propose (and with `create`, write as a candidate version: operation mutation, parent the
     evaluated version, the changelog as its commit message) a rewrite fixing the run's worst failures."""
-    from llm.chat import OFFLINE_PROVIDER, resolve_model
+    from llm.names import resolve_model
+    from llm.providers import OFFLINE_PROVIDER
     from workflows.dsl import dsl_hash
     from workflows.services import workflow_version_create
 
@@ -152,7 +153,7 @@ def _grades(result: GoldenResult) -> dict[str, float]:
 
 
 def offline_proposal(version: WorkflowVersion, node_id: str, failures: list[GoldenResult]) -> Proposal:
-    from llm.offline_chat import DIRECTIVES, find_directives
+    from llm.offline_directives import DIRECTIVES, find_directives
 
     dsl = copy.deepcopy(version.dsl)
     node = next(n for n in dsl["nodes"] if n["nodeId"] == node_id)
@@ -259,7 +260,9 @@ def rewriter_model(node: dict) -> str:
 
 def model_proposal(version: WorkflowVersion, node_id: str, failures: list[GoldenResult]) -> Proposal:
     from durable import wait_alive
-    from llm.chat import ChatError, ChatRequest, chat
+    from llm.chat import chat
+    from llm.errors import ChatError
+    from llm.types import ChatRequest
 
     node = next(n for n in version.dsl["nodes"] if n["nodeId"] == node_id)
     model = rewriter_model(node)

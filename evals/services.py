@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from django.db import transaction
 from django.db.models import Max
 
+from config.errors import Conflict, Invalid
 from evals import splits
 from evals.conf import eval_settings
 from evals.models import EvalRun, GoldenItem, GoldenSet, Promotion, item_content_hash
@@ -19,29 +20,29 @@ if TYPE_CHECKING:
     from evals.importing import ImportLine
 
 
-class EvalError(ValueError):
+class EvalError(Invalid):
     """A request that cannot be carried out; `errors` maps a field to its messages."""
 
-    def __init__(self, errors: dict[str, list[str]] | str):
-        self.errors = errors if isinstance(errors, dict) else {"detail": [errors]}
-        super().__init__("; ".join(f"{field}: {m}" for field, messages in self.errors.items() for m in messages))
 
+class PromotionRefused(Conflict, EvalError):
+    """A promotion the evidence does not support; `evidence` says why (the API's 409 body carries it)."""
 
-class PromotionRefused(EvalError):
-    """A promotion the evidence does not support; `evidence` says why."""
+    code = "promotion_refused"
 
     def __init__(self, message: str, evidence: dict):
-        self.evidence = evidence
         super().__init__({"promotion": [message]})
+        self.evidence = evidence
+        self.details = {"evidence": evidence}
 
 
-class GoldenSetBusy(EvalError):
+class GoldenSetBusy(Conflict, EvalError):
     """A change of a set's items while an eval run of it is queued or running."""
 
     def __init__(self, golden_set_id: int):
-        self.message = (f"An eval run of golden set {golden_set_id} is in progress; change its items once it has "
-                        "ended (or cancel it).")
-        super().__init__({"items": [self.message]})
+        message = (f"An eval run of golden set {golden_set_id} is in progress; change its items once it has "
+                   "ended (or cancel it).")
+        super().__init__({"items": [message]})
+        self.message = message
 
 
 # ------------------------------------------------------------------------------------------ golden sets

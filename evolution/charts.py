@@ -30,30 +30,28 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from django.utils.html import escape
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 
-FONT = "-apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif"
-AXIS = "#40474f"
-GRID = "#e3e6e9"
-MUTED = "#6b737b"
-SERIES = (("best", "best", "#2f8a4c"), ("avg", "average", "#3f83c4"), ("worst", "worst", "#c9473c"))
-BASE_LINE = "#8a8f95"
+from config.svg import (
+    AXIS,
+    BLUE,
+    GREEN,
+    GRID,
+    INK,
+    MUTED,
+    OUTLINE,
+    RED,
+    SLATE,
+    clip,
+    number,
+    svg,
+    two_places,
+    x_axis,
+    y_axis,
+)
 
-
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _value(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def _svg(css_class: str, width: float, height: float, title: str, body: str, defs: str = "") -> SafeString:
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" class="{css_class}" role="img" width="{width:.0f}" '
-           f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" font-family="{FONT}">'
-           f'<title>{escape(title)}</title>{defs}{body}</svg>')
-    return mark_safe(svg)  # noqa: S308 - every piece of text in body and title went through escape()
+SERIES = (("best", "best", GREEN), ("avg", "average", BLUE), ("worst", "worst", RED))
+BASE_LINE = SLATE
 
 
 def nice_ticks(peak: float, count: int = 5) -> list[float]:
@@ -65,10 +63,6 @@ def nice_ticks(peak: float, count: int = 5) -> list[float]:
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
     top = math.ceil(peak / step - 1e-9) * step
     return [round(i * step, 10) for i in range(round(top / step) + 1)]
-
-
-def _tick_text(value: float) -> str:
-    return f"{value:.2f}".rstrip("0").rstrip(".")
 
 
 # ------------------------------------------------------------------------------------- fitness chart
@@ -97,24 +91,13 @@ def fitness_svg(generations: list[dict], *, base_fitness: float | None = None,
     def y(value: float) -> float:
         return bottom - plot_h * max(0.0, min(value, top)) / top
 
-    parts = [f'<g class="evo-axis evo-axis-y" font-size="11" fill="{MUTED}">']
-    for tick in ticks:
-        parts.append(f'<line x1="{FIT_LEFT}" y1="{y(tick):.1f}" x2="{FIT_LEFT + plot_w}" y2="{y(tick):.1f}" '
-                     f'stroke="{GRID}"/><text class="evo-tick" x="{FIT_LEFT - 6}" y="{y(tick) + 4:.1f}" '
-                     f'text-anchor="end">{_tick_text(tick)}</text>')
-    parts.append(f'<text class="evo-axis-title" x="16" y="{FIT_TOP + plot_h / 2:.1f}" text-anchor="middle" '
-                 f'transform="rotate(-90 16 {FIT_TOP + plot_h / 2:.1f})" fill="{AXIS}">fitness</text></g>')
-    parts.append(f'<g class="evo-axis evo-axis-x" font-size="11" fill="{MUTED}">'
-                 f'<line x1="{FIT_LEFT}" y1="{bottom}" x2="{FIT_LEFT + plot_w}" y2="{bottom}" stroke="{AXIS}"/>')
+    parts = [y_axis("evo", [(y(tick), number(tick)) for tick in ticks], left=FIT_LEFT, right=FIT_LEFT + plot_w,
+                    middle=FIT_TOP + plot_h / 2, title="fitness", tick_class="evo-tick")]
     every = max(1, math.ceil(count / MAX_X_LABELS))
-    for index, generation in enumerate(generations):
-        if index % every and index != count - 1:
-            continue
-        parts.append(f'<line x1="{x(index):.1f}" y1="{bottom}" x2="{x(index):.1f}" y2="{bottom + 4}" '
-                     f'stroke="{AXIS}"/><text class="evo-tick" x="{x(index):.1f}" y="{bottom + 17}" '
-                     f'text-anchor="middle">{int(generation["number"])}</text>')
-    parts.append(f'<text class="evo-axis-title" x="{FIT_LEFT + plot_w / 2:.1f}" y="{bottom + 36}" '
-                 f'text-anchor="middle" fill="{AXIS}">generation</text></g>')
+    labelled = [(x(index), str(int(generation["number"]))) for index, generation in enumerate(generations)
+                if not index % every or index == count - 1]
+    parts.append(x_axis("evo", labelled, left=FIT_LEFT, right=FIT_LEFT + plot_w, bottom=bottom, title="generation",
+                        title_y=bottom + 36))
     if base_fitness is not None:
         parts.append(f'<g class="evo-base-line"><title>{escape(f"base version: fitness {base_fitness:.2f}")}'
                      f'</title><line x1="{FIT_LEFT}" y1="{y(base_fitness):.1f}" x2="{FIT_LEFT + plot_w}" '
@@ -129,7 +112,7 @@ def fitness_svg(generations: list[dict], *, base_fitness: float | None = None,
                 segments.append([])
                 continue
             segments[-1].append(f"{x(index):.1f},{y(value):.1f}")
-            tooltip = f"generation {int(generation['number'])}: {label} fitness {_value(value)}"
+            tooltip = f"generation {int(generation['number'])}: {label} fitness {two_places(value)}"
             points.append(f'<circle class="evo-point evo-point-{key}" data-series="{key}" '
                           f'data-generation="{int(generation["number"])}" data-value="{value:.4f}" '
                           f'cx="{x(index):.1f}" cy="{y(value):.1f}" r="3.6" fill="{colour}" stroke="#fff" '
@@ -148,13 +131,13 @@ def fitness_svg(generations: list[dict], *, base_fitness: float | None = None,
     if base_fitness is not None:
         legend.append(f'<line x1="{lx}" y1="{legend_y - 4}" x2="{lx + 24}" y2="{legend_y - 4}" stroke="{BASE_LINE}" '
                       f'stroke-width="1.4" stroke-dasharray="6 4"/><text class="evo-legend-base" x="{lx + 30}" '
-                      f'y="{legend_y}">base ({_value(base_fitness)})</text>')
+                      f'y="{legend_y}">base ({two_places(base_fitness)})</text>')
     legend.append("</g>")
     parts.extend(legend)
     if not count:
         parts.append(f'<text x="{FIT_LEFT + plot_w / 2:.1f}" y="{FIT_TOP + plot_h / 2:.1f}" text-anchor="middle" '
                      f'font-size="13" fill="{MUTED}">no generation recorded yet</text>')
-    return _svg("evo-fitness", FIT_W, FIT_H,
+    return svg("evo-fitness", FIT_W, FIT_H,
                 f"{title}: {count} generation{'s' if count != 1 else ''}", "".join(parts))
 
 
@@ -174,7 +157,7 @@ EDGE = {
     "crossover": {"stroke": "#8e44ad", "width": 1.0, "dash": "4 3"},
     "other": {"stroke": "#b4b9bf", "width": 1.0, "dash": "1 3"},
 }
-LINEAGE = "#1b2733"
+LINEAGE = INK
 BASE_RING, BEST_RING = "#111111", "#d4a017"
 
 
@@ -309,12 +292,12 @@ def _legend(low: float | None, high: float | None) -> str:
         parts.append(f'<text x="{x}" y="18" fill="{MUTED}">no version scored yet</text>')
         x += 150
     else:
-        parts.append(f'<text class="evo-scale-low" x="{x + 34}" y="18" text-anchor="end">{_value(low)}</text>'
+        parts.append(f'<text class="evo-scale-low" x="{x + 34}" y="18" text-anchor="end">{two_places(low)}</text>'
                      f'<rect class="evo-scale" x="{x + 40}" y="7" width="150" height="14" '
                      f'fill="url(#evo-fitness-scale)" stroke="{GRID}"/>'
-                     f'<text class="evo-scale-high" x="{x + 196}" y="18">{_value(high)}</text>')
+                     f'<text class="evo-scale-high" x="{x + 196}" y="18">{two_places(high)}</text>')
         x += 250
-    parts.append(_shape("mutation", x, 14, 6, UNSCORED, "#5b6770", 1, "2 2")
+    parts.append(_shape("mutation", x, 14, 6, UNSCORED, OUTLINE, 1, "2 2")
                  + f'<text x="{x + 11}" y="18">not scored in this run</text>')
     x += 150
     parts.append(f'<circle cx="{x}" cy="14" r="8" fill="none" stroke="{BASE_RING}" stroke-width="2.2"/>'
@@ -324,7 +307,7 @@ def _legend(low: float | None, high: float | None) -> str:
                  f'<text x="{x + 13}" y="18">best</text>')
     x = G_LEFT
     for kind, label in (("mutation", "mutation or initial"), ("crossover", "crossover"), ("immigrant", "immigrant")):
-        parts.append(_shape(kind, x + 6, 40, 6, "#ffffff", "#5b6770", 1.2)
+        parts.append(_shape(kind, x + 6, 40, 6, "#ffffff", OUTLINE, 1.2)
                      + f'<text x="{x + 17}" y="44">{label}</text>')
         x += 34 + 6.5 * len(label)
     x = G_LEFT
@@ -400,9 +383,9 @@ def genealogy_svg(nodes: list[dict], *, title: str = "Genealogy") -> SafeString:
         lines = [f"{node.get('label', key)} · {_column_label(item.column)} · {operation or '?'}"
                  + (" · base version" if node.get("base") else "") + (" · best version" if node.get("best") else ""),
                  f"kind: {node.get('kind') or '-'}",
-                 f"fitness: {_value(fitness)}" + ("" if fitness is not None else " (not scored in this run)")]
+                 f"fitness: {two_places(fitness)}" + ("" if fitness is not None else " (not scored in this run)")]
         if node.get("note"):
-            lines.append(f"note: {_clip(node['note'], 200)}")
+            lines.append(f"note: {clip(node['note'], 200)}")
         ring = ""
         if node.get("base"):
             ring += (f'<circle cx="{item.x:.1f}" cy="{item.y:.1f}" r="{r + 3:.0f}" fill="none" stroke="{BASE_RING}" '
@@ -410,7 +393,7 @@ def genealogy_svg(nodes: list[dict], *, title: str = "Genealogy") -> SafeString:
         if node.get("best"):
             ring += (f'<circle cx="{item.x:.1f}" cy="{item.y:.1f}" r="{r + 3 + 3 * bool(node.get("base")):.0f}" '
                      f'fill="none" stroke="{BEST_RING}" stroke-width="3"/>')
-        stroke = "#1b2733" if key in lineage else "#5b6770"
+        stroke = INK if key in lineage else OUTLINE
         shapes.append(
             f'<a class="{" ".join(classes)}" href="{escape(node.get("url") or "")}" data-version="{escape(key)}" '
             f'data-column="{item.column}" data-fitness="{"" if fitness is None else f"{fitness:.4f}"}">'
@@ -433,4 +416,4 @@ def genealogy_svg(nodes: list[dict], *, title: str = "Genealogy") -> SafeString:
     generations = sum(1 for column in plan.columns if column >= 0)
     summary = (f"{title}: {len(placed)} version{'s' if len(placed) != 1 else ''} over {generations} "
                f"generation{'s' if generations != 1 else ''}")
-    return _svg("evo-genealogy", plan.width, plan.height, summary, body, "".join(defs))
+    return svg("evo-genealogy", plan.width, plan.height, summary, body, "".join(defs))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from llm.offline_chat import DIRECTIVES, FoundDirective, find_directives
+from llm.offline_directives import DIRECTIVES, FoundDirective, find_directives
 from workflows.dsl import (
     BUILTIN_CODE_TOOLS,
     END,

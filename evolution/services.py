@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from config.errors import Invalid
 from evals.models import GoldenSet
 from evolution.conf import evolution_config
 from evolution.models import EvolutionRun
 from workflows.models import Workflow, WorkflowVersion
 
 
-class EvolutionError(ValueError):
+class EvolutionError(Invalid):
     """A request that cannot be carried out; `errors` maps a field to its messages."""
-
-    def __init__(self, errors: dict[str, list[str]] | str):
-        self.errors = errors if isinstance(errors, dict) else {"detail": [errors]}
-        super().__init__("; ".join(f"{field}: {m}" for field, messages in self.errors.items() for m in messages))
 
 
 def evolution_start(*, workflow: Workflow, golden_set: GoldenSet, mode: str = EvolutionRun.Mode.GP,

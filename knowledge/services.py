@@ -12,6 +12,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils.text import get_valid_filename
 
+from config.errors import Conflict, Invalid
 from durable.models import DurableRun
 from knowledge.conf import knowledge_settings
 from knowledge.extraction import ExtractionError, detect_format
@@ -25,16 +26,12 @@ logger = logging.getLogger("knowledge.services")
 SKILL_PACK_DIR = Path(__file__).resolve().parent / "skills"
 
 
-class KnowledgeError(ValueError):
+class KnowledgeError(Invalid):
     """Bad input for a knowledge write; `field` names the offending input when there is one."""
 
-    def __init__(self, message: str, *, field: str = ""):
-        super().__init__(message)
-        self.field = field
 
-
-class IngestInProgress(KnowledgeError):
-    pass
+class IngestInProgress(Conflict, KnowledgeError):
+    """An ingest of a source asked for while one of it is running."""
 
 
 # ------------------------------------------------------------------------------------------ sources

@@ -29,163 +29,33 @@ surrogates replaced with U+FFFD (two code points forming a surrogate pair become
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import re
 import uuid
-from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 
-from llm.providers import OFFLINE_PROVIDER, configured_providers, one_per_process, structured_outputs
+from llm.errors import CallPutOff, TransientChatError, UnknownModel
+from llm.names import ResolvedModel, resolve_model
+from llm.providers import OFFLINE_PROVIDER, one_per_process, structured_outputs
 from llm.retry import RetryPolicy
 from llm.retry import wait as _wait
-from llm.usage import Usage, record_usage
+from llm.types import (
+    ChatProvider,
+    ChatRequest,
+    ChatResponse,
+    ToolCall,
+    ToolSpec,  # noqa: F401 (workflows/execution.py imports it from here)
+)
+from llm.types import request_cache_key as _cache_key
+from llm.usage import record_usage
 
 logger = logging.getLogger("llm.chat")
 
-OFFLINE_MODEL = "offline-directive-v1"
-PROVIDER_SEPARATOR = "#"
-
-
-class ChatError(Exception):
-    """The call cannot succeed as asked: bad request, bad key, unknown model or provider."""
-
-
-class TransientChatError(ChatError):
-    """Rate limits, timeouts, lost connections or 5xx answers (still failing after the retries when
-    `chat()` raises it). `retry_after` is the server's Retry-After in seconds, when it sent one."""
-
-    def __init__(self, message: str, *, retry_after: float | None = None, rate_limited: bool = False):
-        super().__init__(message)
-        self.retry_after = retry_after
-        self.rate_limited = rate_limited  # a 429
-
-
-class CallPutOff(Exception):
-    """A call asked not to wait (``chat(..., put_off=...)``) that cannot be made now: a provider limit
-    (`kind` "limit": the call was not made) or a rate limit / transient failure the retry policy says to
-    try again after (`kind` "provider"). `retry_in` seconds; `reason` says why, for the operator."""
-
-    def __init__(self, reason: str, *, retry_in: float, kind: str):
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_in = retry_in
-        self.kind = kind
-
-
-class UnknownModel(ChatError):
-    """The model name cannot be called on this install; the message names the model and says why."""
-
-
-# -------------------------------------------------------------------------------------- messages
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    name: str
-    description: str
-    parameters: dict  # JSON schema of the arguments
-
-    def as_openai(self) -> dict:
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters or {"type": "object",
-                                                                                   "properties": {}}}}
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: dict  # {} when the model sent arguments that are not a JSON object
-    raw: str = ""  # the arguments exactly as the model sent them
-
-    def as_openai(self) -> dict:
-        arguments = self.raw or json.dumps(self.arguments, ensure_ascii=False, sort_keys=True)
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": arguments}}
-
-    def as_dict(self) -> dict:
-        return {"id": self.id, "name": self.name, "arguments": self.arguments, "raw": self.raw}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ToolCall:
-        return cls(id=data["id"], name=data["name"], arguments=dict(data.get("arguments") or {}),
-                   raw=data.get("raw", ""))
-
-
-def parse_tool_arguments(raw: str | None) -> dict:
-    """A tool call's arguments as a dict: {} when the model sent no JSON object."""
-    try:
-        value = json.loads(raw or "")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    model: str  # as written in a workflow DSL: "gpt-4.1-mini" or "openrouter#openai/gpt-4.1-mini"
-    messages: list[dict]  # OpenAI chat format: system, user, assistant (with tool_calls), tool messages
-    tools: tuple[ToolSpec, ...] = ()
-    response_format: dict | None = None  # {"type": "json_object"} or {"type": "json_schema", "json_schema": ...}
-    temperature: float = 0.0
-    max_tokens: int | None = None
-
-    def __post_init__(self):
-        if not isinstance(self.tools, tuple):
-            object.__setattr__(self, "tools", tuple(self.tools))
-
-    def cache_key(self) -> str:
-        """SHA-256 of everything that decides the answer: the provider and model the name resolves to
-        on this install, the messages, tools, response format, temperature and token limit."""
-        return _cache_key(self, resolve_model(self.model))
-
-    def cacheable(self) -> bool:
-        """Only temperature-0 calls are worth caching: at any other temperature the caller asked for variety."""
-        return self.temperature == 0
-
-
-def _cache_key(request: ChatRequest, resolved: ResolvedModel) -> str:
-    payload = {
-        "provider": resolved.provider, "model": resolved.model, "messages": request.messages,
-        "tools": [tool.as_openai() for tool in request.tools], "response_format": request.response_format,
-        "temperature": float(request.temperature), "max_tokens": request.max_tokens,
-    }
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class ChatResponse:
-    content: str  # "" when the model only called tools
-    tool_calls: tuple[ToolCall, ...] = ()
-    usage: Usage = field(default_factory=Usage)  # provider, the model that answered, tokens, USD
-    latency_ms: float = 0.0
-    finish_reason: str = "stop"
-
-    def assistant_message(self) -> dict:
-        """The OpenAI-format assistant message that records this answer in the history."""
-        message: dict = {"role": "assistant", "content": self.content}
-        if self.tool_calls:
-            message["content"] = self.content or None
-            message["tool_calls"] = [call.as_openai() for call in self.tool_calls]
-        return message
-
-    def as_dict(self) -> dict:
-        """A JSON-serialisable form (durable checkpoints, the Postgres cache)."""
-        return {"content": self.content, "tool_calls": [call.as_dict() for call in self.tool_calls],
-                "usage": self.usage.as_dict(), "latency_ms": self.latency_ms, "finish_reason": self.finish_reason}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ChatResponse:
-        return cls(content=data.get("content") or "",
-                   tool_calls=tuple(ToolCall.from_dict(call) for call in data.get("tool_calls") or ()),
-                   usage=Usage.from_dict(data.get("usage") or {}), latency_ms=float(data.get("latency_ms", 0.0)),
-                   finish_reason=data.get("finish_reason") or "stop")
-
+# the request and response types are in llm/types.py, model names and their resolution in llm/names.py,
+# the errors in llm/errors.py: the providers import them without importing this module
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -222,48 +92,6 @@ def clean_response(response: ChatResponse) -> ChatResponse:
 
 
 # ------------------------------------------------------------------------------------ resolution
-
-
-@dataclass(frozen=True)
-class ResolvedModel:
-    provider: str  # "offline", "openai" or a name from LLM_PROVIDERS
-    model: str  # the name the provider is asked for (the prefix removed)
-    base_url: str | None
-    api_key: str
-
-
-def resolve_model(model_name: str) -> ResolvedModel:
-    """Where a call to `model_name` goes on this install (see the module docstring for the rules)."""
-    name = (model_name or "").strip()
-    if not name:
-        raise UnknownModel("The model name is empty.")
-    prefix, separator, model = name.partition(PROVIDER_SEPARATOR)
-    if not separator:
-        prefix, model = "", name
-    prefix = prefix.strip().lower()
-    model = model.strip()
-    if separator and not prefix:
-        raise UnknownModel(f"Model {model_name!r} has an empty provider prefix before {PROVIDER_SEPARATOR!r}.")
-    if not model:
-        raise UnknownModel(f"Model {model_name!r} names no model after {PROVIDER_SEPARATOR!r}.")
-    if prefix == OFFLINE_PROVIDER or (not prefix and model == OFFLINE_MODEL):
-        return ResolvedModel(OFFLINE_PROVIDER, OFFLINE_MODEL, None, "")
-    if settings.LLM_PROVIDER == OFFLINE_PROVIDER:
-        # the demo and the tests: every model name, whatever provider it names, is the offline model
-        # (its usage says so), so workflows written for real providers run unchanged
-        return ResolvedModel(OFFLINE_PROVIDER, OFFLINE_MODEL, None, "")
-    providers = configured_providers()
-    provider = prefix or "openai"
-    if provider not in providers:
-        known = ", ".join(sorted(providers))
-        raise UnknownModel(f'Model {model_name!r}: provider "{prefix}" is not configured (LLM_PROVIDERS; '
-                           f"configured: {known}).")
-    config = providers[provider]
-    api_key = config.api_key()
-    if api_key is None:
-        raise UnknownModel(f'Model {model_name!r}: provider "{provider}" has no API key '
-                           f"(set {config.api_key_env}).")
-    return ResolvedModel(provider, model, config.url(), api_key)
 
 
 def _strict_compatible(schema) -> bool:
@@ -307,14 +135,6 @@ def model_problem(model_name: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------------- providers
-
-
-class ChatProvider(ABC):
-    name: str
-
-    @abstractmethod
-    def complete(self, request: ChatRequest, resolved: ResolvedModel) -> ChatResponse:
-        """One attempt: the answer, or ChatError / TransientChatError. No retries, no usage recording."""
 
 
 @one_per_process

@@ -9,19 +9,12 @@ import time
 import openai
 from openai.types.chat import ChatCompletion
 
-from llm.chat import (
-    ChatError,
-    ChatProvider,
-    ChatRequest,
-    ChatResponse,
-    ResolvedModel,
-    ToolCall,
-    TransientChatError,
-    parse_tool_arguments,
-)
+from llm.errors import ChatError, TransientChatError
 from llm.model_options import model_options
+from llm.names import ResolvedModel
 from llm.providers import structured_outputs
 from llm.retry import retry_after_of
+from llm.types import ChatProvider, ChatRequest, ChatResponse, ToolCall, parse_tool_arguments
 from llm.usage import Usage, estimate_tokens
 
 # statuses the openai client itself would retry besides 429 and 5xx: a request timeout and a lock conflict

@@ -94,7 +94,8 @@ def price_problem(model_name: str) -> str | None:
     """Why calls to `model_name` (as written in a workflow) cannot run under a USD budget on this
     installation: no price is known for the model it resolves to. None when it is priced (or unknown
     altogether: that is the model resolution's error to report)."""
-    from llm.chat import UnknownModel, resolve_model
+    from llm.errors import UnknownModel
+    from llm.names import resolve_model
 
     try:
         resolved = resolve_model(model_name)

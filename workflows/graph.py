@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from django.utils.html import escape
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 
+from config.svg import AXIS, GREY, INK, OUTLINE, SLATE, clip, svg
 from workflows.dsl import END
 
 BOX_W, BOX_H = 210, 66
@@ -39,10 +40,10 @@ VIA_W = 16  # the width a long edge takes in each layer it crosses
 LEGEND_H = 44
 
 STYLE = {
-    "sequential": {"stroke": "#40474f", "width": 1.6, "dash": "", "marker": "wfg-arrow"},
+    "sequential": {"stroke": AXIS, "width": 1.6, "dash": "", "marker": "wfg-arrow"},
     "parallel": {"stroke": "#2b7bb9", "width": 5, "dash": "", "marker": "wfg-arrow-parallel"},
     "conditional": {"stroke": "#c26a00", "width": 1.6, "dash": "7 5", "marker": "wfg-arrow-conditional"},
-    "waitfor": {"stroke": "#8a8f95", "width": 1.4, "dash": "2 4", "marker": "wfg-arrow-waitfor"},
+    "waitfor": {"stroke": SLATE, "width": 1.4, "dash": "2 4", "marker": "wfg-arrow-waitfor"},
     "implicit": {"stroke": "#b4b9bf", "width": 1.2, "dash": "", "marker": "wfg-arrow-waitfor"},
 }
 
@@ -86,11 +87,6 @@ class Layout:
     def node_layers(self) -> list[list[str]]:
         """The nodes (and `end`) of each layer, left to right, without the waypoints."""
         return [[key for key in row if isinstance(key, str)] for row in self.layers]
-
-
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def name_list(value) -> list[str]:
@@ -358,10 +354,10 @@ def _node_svg(node: dict, box: Box, *, entry: bool, unresolved: set[str]) -> str
         node_id, f"model: {node.get('gatewayModelId') or '?'}", f"tools: {tools}",
         f"hand-offs ({node.get('handOffType') or 'sequential'}): {', '.join(node.get('handOffs') or []) or '-'}",
         f"waits for: {', '.join(node.get('waitFor') or [])}" if node.get("waitFor") else "",
-        f"prompt: {_clip(prompt, 300)}" if prompt else "",
+        f"prompt: {clip(prompt, 300)}" if prompt else "",
     ] if line)
     classes = ["node"] + (["node-entry"] if entry else []) + ([] if box.reachable else ["node-unreachable"])
-    stroke, width = ("#1d7a3a", 2.6) if entry else ("#5b6770", 1.2)
+    stroke, width = ("#1d7a3a", 2.6) if entry else (OUTLINE, 1.2)
     dash = ' stroke-dasharray="5 4"' if not box.reachable else ""
     x, y = box.x, box.y
     parts = [
@@ -369,12 +365,12 @@ def _node_svg(node: dict, box: Box, *, entry: bool, unresolved: set[str]) -> str
         f'<rect x="{x:.1f}" y="{y:.1f}" width="{box.w}" height="{box.h}" rx="6" fill="#f8fafc" stroke="{stroke}" '
         f'stroke-width="{width}"{dash}/>',
         f'<text class="node-id" x="{x + 10:.1f}" y="{y + 19:.1f}" font-size="13" font-weight="bold" '
-        f'fill="#1b2733">{escape(_clip(node_id, 22 if node.get("requiresApproval") else 27))}</text>',
-        f'<text class="node-model" x="{x + 10:.1f}" y="{y + 37:.1f}" font-size="11" fill="#5b6770">'
-        f'{escape(_clip(node.get("gatewayModelId") or "", 32))}</text>',
+        f'fill="{INK}">{escape(clip(node_id, 22 if node.get("requiresApproval") else 27))}</text>',
+        f'<text class="node-model" x="{x + 10:.1f}" y="{y + 37:.1f}" font-size="11" fill="{OUTLINE}">'
+        f'{escape(clip(node.get("gatewayModelId") or "", 32))}</text>',
         f'<text class="node-tools" x="{x + 10:.1f}" y="{y + 55:.1f}" font-size="11" '
-        f'fill="{"#ba2121" if missing else ("#9aa3ab" if tools == "no tools" else "#2a5d84")}">'
-        f'{"⚒ " if tools != "no tools" else ""}{escape(_clip(tools, 32))}</text>',
+        f'fill="{"#ba2121" if missing else (GREY if tools == "no tools" else "#2a5d84")}">'
+        f'{"⚒ " if tools != "no tools" else ""}{escape(clip(tools, 32))}</text>',
     ]
     if node.get("requiresApproval"):
         parts.append(f'<g class="node-approval"><rect x="{x + box.w - 58:.1f}" y="{y + 6:.1f}" width="52" height="16" '
@@ -391,7 +387,7 @@ def _node_svg(node: dict, box: Box, *, entry: bool, unresolved: set[str]) -> str
 def _legend(y: float) -> str:
     items = [("sequential", "sequential"), ("parallel", "parallel"), ("conditional", "conditional"),
              ("waitfor", "waits for"), ("back", "cycle (back edge)")]
-    parts = ['<g class="wfg-legend" font-size="11" fill="#40474f">']
+    parts = [f'<g class="wfg-legend" font-size="11" fill="{AXIS}">']
     x = MARGIN
     for kind, label in items:
         style = STYLE["sequential" if kind == "back" else kind]
@@ -425,17 +421,11 @@ def dsl_svg(dsl: dict, *, unresolved=()) -> SafeString:
             boxes.append(
                 f'<g class="node-end" data-node-id="end"><title>end: the invocation finishes</title>'
                 f'<rect x="{box.x:.1f}" y="{box.y:.1f}" width="{box.w}" height="{box.h}" rx="{box.h / 2:.1f}" '
-                f'fill="#1b2733"/><text x="{box.cx:.1f}" y="{box.y + 19:.1f}" text-anchor="middle" font-size="12" '
+                f'fill="{INK}"/><text x="{box.cx:.1f}" y="{box.y + 19:.1f}" text-anchor="middle" font-size="12" '
                 f'font-weight="bold" fill="#ffffff">end</text></g>')
         else:
             boxes.append(_node_svg(nodes[key], box, entry=key == plan.entry, unresolved=missing))
-    description = escape(f"Graph of {len(nodes)} node(s), entry {plan.entry or '-'}")
-    svg = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="workflow-graph" role="img" '
-        f'width="{plan.width:.0f}" height="{plan.height:.0f}" viewBox="0 0 {plan.width:.0f} {plan.height:.0f}" '
-        f'font-family="-apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif">'
-        f'<title>{description}</title>{_markers()}'
-        f'<g class="wfg-edges">{edges}</g><g class="wfg-nodes">{"".join(boxes)}</g>'
-        f'<g class="wfg-labels">{"".join(labels)}</g>{_legend(plan.height - LEGEND_H / 2)}</svg>'
-    )
-    return mark_safe(svg)  # noqa: S308 - every piece of text above went through escape()
+    body = (f'<g class="wfg-edges">{edges}</g><g class="wfg-nodes">{"".join(boxes)}</g>'
+            f'<g class="wfg-labels">{"".join(labels)}</g>{_legend(plan.height - LEGEND_H / 2)}')
+    return svg("workflow-graph", plan.width, plan.height, f"Graph of {len(nodes)} node(s), entry {plan.entry or '-'}",
+               body, _markers())

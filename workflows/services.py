@@ -7,6 +7,7 @@ import json
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from config.errors import Conflict, Invalid
 from workflows import dsl as dsl_module
 from workflows import selectors
 from workflows.models import NodeVersion, VersionActivation, Workflow, WorkflowVersion
@@ -116,17 +117,12 @@ def _switch(*, version: WorkflowVersion, kind: str, parent: VersionActivation | 
 
 # --------------------------------------------------------------------------------------- invocations
 
-class InvocationRefused(ValueError):
+class InvocationRefused(Invalid):
     """A version that cannot run here (tools or models this installation lacks), or a bad request;
     `errors` maps a field to its messages, naming each node."""
 
-    def __init__(self, errors: dict[str, list[str]]):
-        self.errors = errors
-        super().__init__("; ".join(f"{field}: {message}" for field, messages in errors.items()
-                                   for message in messages))
 
-
-class InvalidInvocationState(ValueError):
+class InvalidInvocationState(Conflict, ValueError):
     """The invocation is not in a state that allows the operation (approve a node that is not waiting...)."""
 
 

@@ -11,6 +11,7 @@ from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from config.errors import Conflict
 from durable import selectors, services
 from durable.api.filters import RunFilter, ScheduleFilter
 from durable.api.serializers import (
@@ -41,12 +42,6 @@ TIMELINE_PAGE = 500
 TIMELINE_MAX_PAGE = 5000
 
 
-class Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
-    default_detail = "The request conflicts with the run's current state."
-
-
 class RunCursorPagination(IdCursorPagination):
     """Newest first; the created_at index serves it and the id breaks ties."""
 
@@ -66,10 +61,6 @@ class NamespaceScopedMixin(WorkspaceScopedMixin):
 
     def workspace_of(self, obj):
         return workspace_id_of(obj.namespace)
-
-
-def _invalid(exc: selectors.InvalidFilter):
-    return exceptions.ValidationError({exc.param: [exc.message]})
 
 
 @extend_schema_view(
@@ -107,12 +98,6 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
         return {"create": RunStartSerializer, "signal": SignalSerializer, "cancel": CancelSerializer,
                 "retry": RetrySerializer}.get(self.action, RunSerializer)
 
-    def filter_queryset(self, queryset):
-        try:
-            return super().filter_queryset(queryset)
-        except selectors.InvalidFilter as exc:
-            raise _invalid(exc) from None
-
     def _filtered(self, *, write: bool = False):
         queryset = self.get_queryset()
         if write:
@@ -122,10 +107,7 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
     # ------------------------------------------------------------------------------------ reads
 
     def retrieve(self, request, pk=None):
-        try:
-            detail = selectors.run_detail(pk, namespaces=self.namespaces())
-        except services.RunNotFound:
-            raise exceptions.NotFound() from None
+        detail = selectors.run_detail(pk, namespaces=self.namespaces())
         return Response(RunDetailSerializer(detail).data)
 
     @extend_schema(summary="Counts by status and by workflow over the list's filters", filters=True,
@@ -151,11 +133,8 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
         payloads = params.get("payloads", "0").lower() in {"1", "true", "yes"}
         after = _int_param(params, "after", None, minimum=-1)
         limit = _int_param(params, "limit", TIMELINE_PAGE, minimum=1, maximum=TIMELINE_MAX_PAGE)
-        try:
-            entries = selectors.run_timeline(pk, include_payloads=payloads, after_seq=after, limit=limit + 1,
-                                             namespaces=self.namespaces())
-        except services.RunNotFound:
-            raise exceptions.NotFound() from None
+        entries = selectors.run_timeline(pk, include_payloads=payloads, after_seq=after, limit=limit + 1,
+                                         namespaces=self.namespaces())
         more = len(entries) > limit
         entries = entries[:limit]
         return Response(TimelineSerializer({"run": pk, "checkpoints": entries,
@@ -170,10 +149,7 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
     @action(detail=True, methods=["get"], url_path="fan-stats", pagination_class=None, filterset_class=None)
     def fan_stats(self, request, pk=None):
         group = _int_param(request.query_params, "group", None)
-        try:
-            buckets = selectors.fan_stats(pk, group, namespaces=self.namespaces())
-        except services.RunNotFound:
-            raise exceptions.NotFound() from None
+        buckets = selectors.fan_stats(pk, group, namespaces=self.namespaces())
         return Response(FanStatsSerializer({"run": pk, "buckets": buckets}).data)
 
     # ----------------------------------------------------------------------------------- writes
@@ -211,13 +187,8 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
         run = self._writable_run(pk)
         serializer = SignalSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        try:
-            result = services.signal_send(run_id=run.pk, name=serializer.validated_data["name"],
-                                          payload=serializer.validated_data["payload"])
-        except services.InvalidRunState as exc:
-            raise Conflict(str(exc)) from None
-        except services.RunNotFound:
-            raise exceptions.NotFound() from None
+        result = services.signal_send(run_id=run.pk, name=serializer.validated_data["name"],
+                                      payload=serializer.validated_data["payload"])
         return Response({"result": result})
 
     @extend_schema(summary="Cancel an active run and its active descendants", responses=RunSerializer)

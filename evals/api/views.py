@@ -15,6 +15,7 @@ from rest_framework import exceptions, mixins, parsers, serializers, status, vie
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from config.errors import Conflict
 from evals import importing, rewriter, services
 from evals.api.filters import EvalRunFilter, GoldenItemFilter, GoldenResultFilter, GoldenSetFilter, PromotionFilter
 from evals.api.serializers import (
@@ -47,20 +48,10 @@ MAX_INT = 2**31 - 1
 ERRORS_IN_MESSAGE = 10
 
 
-class Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
-    default_detail = "The request conflicts with the current state."
-
-
 class TooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_code = "too_large"
     default_detail = "The file is too large."
-
-
-def _invalid(exc: services.EvalError) -> exceptions.ValidationError:
-    return exceptions.ValidationError(exc.errors)
 
 
 class PositionCursorPagination(IdCursorPagination):
@@ -72,13 +63,6 @@ class PositionCursorPagination(IdCursorPagination):
     def _check_position(self, position: str) -> None:
         if not (position.isascii() and position.isdigit() and len(position) <= 10 and int(position) <= MAX_INT):
             raise exceptions.ValidationError({"cursor": [INVALID_CURSOR]})
-
-
-def _in_progress(golden_set_id: int) -> None:
-    try:
-        services.golden_set_ensure_idle(golden_set_id=golden_set_id)
-    except services.GoldenSetBusy as exc:
-        raise Conflict(exc.message) from None
 
 
 # ----------------------------------------------------------------------------------------- item files
@@ -162,13 +146,10 @@ class GoldenSetViewSet(WorkspaceScopedViewSet):
     def perform_create(self, serializer):
         data = serializer.validated_data
         self.check_write_role(data["workspace"])
-        try:
-            golden_set = services.golden_set_create(
-                workspace=data["workspace"], name=data["name"], workflow=data.get("workflow"),
-                description=data.get("description", ""), graders=data["graders"],
-                pass_threshold=data["pass_threshold"], created_by=self.request.user)
-        except services.EvalError as exc:
-            raise _invalid(exc) from None
+        golden_set = services.golden_set_create(
+            workspace=data["workspace"], name=data["name"], workflow=data.get("workflow"),
+            description=data.get("description", ""), graders=data["graders"],
+            pass_threshold=data["pass_threshold"], created_by=self.request.user)
         serializer.instance = self.get_queryset().get(pk=golden_set.pk)
 
     def perform_update(self, serializer):
@@ -178,7 +159,7 @@ class GoldenSetViewSet(WorkspaceScopedViewSet):
     def perform_destroy(self, instance):
         try:
             with transaction.atomic():
-                _in_progress(instance.pk)
+                services.golden_set_ensure_idle(golden_set_id=instance.pk)
                 instance.delete()
         except ProtectedError as exc:
             kinds = sorted({str(row._meta.verbose_name_plural) for row in exc.protected_objects})
@@ -205,11 +186,8 @@ class GoldenSetViewSet(WorkspaceScopedViewSet):
         golden_set = self.get_object()  # a write: the object permission checks the caller's role
         partial = _partial(request)
         field, lines = self._import_lines(request)
-        try:
-            created, errors = services.golden_items_import(golden_set=golden_set, items=lines, partial=partial,
-                                                           field=field)
-        except services.EvalError as exc:
-            raise _invalid(exc) from None
+        created, errors = services.golden_items_import(golden_set=golden_set, items=lines, partial=partial,
+                                                       field=field)
         if not created:
             return _import_refused(field, errors)
         body = {"created": len(created), "items": [item.pk for item in created], "errors": errors,
@@ -267,11 +245,8 @@ class GoldenSetViewSet(WorkspaceScopedViewSet):
             if version is None:
                 raise exceptions.ValidationError({name: [f"No version {raw} in this golden set's workspace."]})
             versions[name] = version
-        try:
-            result = services.compare_versions(golden_set=golden_set, version_a=versions["a"],
-                                               version_b=versions["b"])
-        except services.EvalError as exc:
-            raise _invalid(exc) from None
+        result = services.compare_versions(golden_set=golden_set, version_a=versions["a"],
+                                           version_b=versions["b"])
         return Response(CompareSerializer(result).data)
 
 
@@ -329,22 +304,19 @@ class GoldenItemViewSet(WorkspaceScopedViewSet):
         data = serializer.validated_data
         golden_set = data["golden_set"]
         self.check_write_role(golden_set.workspace_id)
-        try:
-            serializer.instance = services.golden_item_add(
-                golden_set=golden_set, input=data["input"], expected_output=data.get("expected_output", ""),
-                scoring_criteria=data.get("scoring_criteria", ""), rubric=data.get("rubric"), tags=data.get("tags"),
-                metadata=data.get("metadata"), position=data.get("position"), split=data.get("split"))
-        except services.EvalError as exc:
-            raise _invalid(exc) from None
+        serializer.instance = services.golden_item_add(
+            golden_set=golden_set, input=data["input"], expected_output=data.get("expected_output", ""),
+            scoring_criteria=data.get("scoring_criteria", ""), rubric=data.get("rubric"), tags=data.get("tags"),
+            metadata=data.get("metadata"), position=data.get("position"), split=data.get("split"))
 
     def perform_update(self, serializer):
         with transaction.atomic():
-            _in_progress(serializer.instance.golden_set_id)
+            services.golden_set_ensure_idle(golden_set_id=serializer.instance.golden_set_id)
             serializer.save()
 
     def perform_destroy(self, instance):
         with transaction.atomic():
-            _in_progress(instance.golden_set_id)
+            services.golden_set_ensure_idle(golden_set_id=instance.golden_set_id)
             instance.delete()
 
 
@@ -391,12 +363,9 @@ class EvalRunViewSet(WorkspaceScopedMixin, mixins.CreateModelMixin, viewsets.Rea
         data = serializer.validated_data
         golden_set = data["golden_set"]
         self.check_write_role(golden_set.workspace_id)
-        try:
-            run = services.eval_run_start(golden_set=golden_set, version=data["workflow_version"], user=request.user,
-                                          reuse=data["reuse"], concurrency=data.get("concurrency"),
-                                          node_budget=data.get("node_budget"), usd_budget=data.get("usd_budget"))
-        except services.EvalError as exc:
-            raise _invalid(exc) from None
+        run = services.eval_run_start(golden_set=golden_set, version=data["workflow_version"], user=request.user,
+                                      reuse=data["reuse"], concurrency=data.get("concurrency"),
+                                      node_budget=data.get("node_budget"), usd_budget=data.get("usd_budget"))
         return self._detail(run, status.HTTP_202_ACCEPTED)
 
     @extend_schema(summary="Cancel a queued or running eval run (409 once it has ended)",
@@ -488,15 +457,7 @@ class VersionPromoteViewSet(WorkspaceScopedMixin, viewsets.GenericViewSet):
         golden_set = serializer.validated_data["golden_set"]
         if golden_set.workspace_id != version.workflow.workspace_id:
             raise exceptions.ValidationError({"golden_set": ["Belongs to another workspace than the version."]})
-        try:
-            promotion = services.version_promote(candidate=version, golden_set=golden_set, user=request.user)
-        except services.PromotionRefused as exc:
-            message = "; ".join(m for messages in exc.errors.values() for m in messages)
-            body = {"status": 409, "code": "promotion_refused", "message": f"promotion: {message}",
-                    "evidence": exc.evidence}
-            return Response({"error": body}, status=status.HTTP_409_CONFLICT)
-        except services.EvalError as exc:
-            raise _invalid(exc) from None
+        promotion = services.version_promote(candidate=version, golden_set=golden_set, user=request.user)
         promotion = Promotion.objects.select_related("decided_by", "workflow").get(pk=promotion.pk)
         return Response(PromotionSerializer(promotion, context=self.get_serializer_context()).data)
 

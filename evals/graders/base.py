@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llm.chat import ChatRequest, ChatResponse
+from llm.types import ChatRequest, ChatResponse
 from llm.usage import Usage
 
 

@@ -14,7 +14,10 @@ from evals.graders.normalize import _as_text, _cut, _loads, _sentence
 from evals.graders.patterns import _grade_regex
 from evals.graders.structured import _grade_json_fields, _grade_json_schema, _grade_numeric
 from evals.graders.text import _grade_contains, _grade_exact, _grade_token_f1
-from llm.chat import OFFLINE_PROVIDER, ChatRequest, ChatResponse, UnknownModel, resolve_model
+from llm.errors import UnknownModel
+from llm.names import resolve_model
+from llm.providers import OFFLINE_PROVIDER
+from llm.types import ChatRequest, ChatResponse
 from llm.usage import Usage
 
 logger = logging.getLogger("evals.graders")

@@ -8,7 +8,9 @@ import logging
 
 from evals.graders.base import ItemSpec, _Context, _GradingError, _Outcome
 from evals.graders.normalize import _cut, _find_json, _fmt, _is_number, _norm_text, _quote, _sentence
-from llm.chat import ChatError, ChatRequest, chat
+from llm.chat import chat
+from llm.errors import ChatError
+from llm.types import ChatRequest
 from llm.usage import Usage
 
 logger = logging.getLogger("evals.graders")

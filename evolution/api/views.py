@@ -10,10 +10,11 @@ from django.db.models import Exists, F, Max, Min, OuterRef, Q
 from django_filters.utils import translate_validation
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import exceptions, mixins, status, viewsets
+from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from config.errors import Conflict
 from evals.api.serializers import PromotionSerializer
 from evals.models import EvalRun, Promotion
 from evals.services import EvalError, PromotionRefused
@@ -37,7 +38,6 @@ from evolution.api.serializers import (
 from evolution.models import EvolutionRun, Generation, Individual
 from evolution.selectors import ANCESTOR_DEPTH, run_genealogy_versions
 from workflows.api.serializers import _link
-from workflows.api.views import Conflict
 from workflows.models import WorkflowVersion
 from workflows.selectors import version_ancestors, version_descendants
 from workspaces.api.base import WorkspaceScopedMixin
@@ -210,12 +210,9 @@ class EvolutionRunViewSet(WorkspaceScopedMixin, mixins.CreateModelMixin, viewset
         data = serializer.validated_data
         workflow = data["workflow"]
         self.check_write_role(workflow.workspace_id)
-        try:
-            run = services.evolution_start(workflow=workflow, golden_set=data["golden_set"], mode=data["mode"],
-                                           base_version=data.get("base_version"), config=data["config"],
-                                           goal=data["goal"], user=request.user)
-        except services.EvolutionError as exc:
-            raise exceptions.ValidationError(exc.errors) from None
+        run = services.evolution_start(workflow=workflow, golden_set=data["golden_set"], mode=data["mode"],
+                                       base_version=data.get("base_version"), config=data["config"],
+                                       goal=data["goal"], user=request.user)
         return self._detail(run, status.HTTP_202_ACCEPTED)
 
     # -------------------------------------------------------------------------------------- control
@@ -277,12 +274,10 @@ class EvolutionRunViewSet(WorkspaceScopedMixin, mixins.CreateModelMixin, viewset
         run = self.get_object()
         try:
             promotion = services.evolution_promote_best(run=run, user=request.user)
-        except PromotionRefused as exc:
-            message = "; ".join(m for messages in exc.errors.values() for m in messages)
-            body = {"status": 409, "code": "promotion_refused", "message": f"promotion: {message}",
-                    "evidence": exc.evidence}
-            return Response({"error": body}, status=status.HTTP_409_CONFLICT)
+        except PromotionRefused:
+            raise  # the API's exception handler answers it, with its evidence
         except (EvalError, services.EvolutionError) as exc:
+            # here every other refusal is the state of the run or of its best version (400 on evals' promote)
             raise Conflict(str(exc)) from None
         promotion = Promotion.objects.select_related("decided_by", "workflow").get(pk=promotion.pk)
         return Response(PromotionSerializer(promotion, context=self.get_serializer_context()).data)

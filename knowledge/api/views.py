@@ -2,7 +2,7 @@ from django.db import transaction
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from knowledge import selectors, services
@@ -27,16 +27,6 @@ from knowledge.search import SearchError
 from workspaces.api.base import WorkspaceScopedMixin
 from workspaces.api.pagination import IdCursorPagination
 from workspaces.api.parsers import FormParser, JSONParser, MultiPartParser
-
-
-class Conflict(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
-    default_detail = "The request conflicts with the current state."
-
-
-def _invalid(exc: services.KnowledgeError) -> ValidationError:
-    return ValidationError({exc.field or "non_field_errors": [str(exc)]})
 
 
 class OrdinalCursorPagination(IdCursorPagination):
@@ -72,13 +62,10 @@ class KnowledgeSourceViewSet(WorkspaceScopedMixin, mixins.CreateModelMixin, mixi
         data = serializer.validated_data
         workspace = data["workspace"]
         self.check_write_role(workspace)
-        try:
-            source, created = services.source_create(
-                workspace=workspace, text=data.get("text") or "", url=data.get("url") or "", upload=data.get("file"),
-                title=data.get("title", ""), created_by=request.user, chunk_size=data.get("chunk_size"),
-                chunk_overlap=data.get("chunk_overlap"))
-        except services.KnowledgeError as exc:
-            raise _invalid(exc) from None
+        source, created = services.source_create(
+            workspace=workspace, text=data.get("text") or "", url=data.get("url") or "", upload=data.get("file"),
+            title=data.get("title", ""), created_by=request.user, chunk_size=data.get("chunk_size"),
+            chunk_overlap=data.get("chunk_overlap"))
         source = self.get_queryset().get(pk=source.pk)
         body = {**KnowledgeSourceSerializer(source, context=self.get_serializer_context()).data, "created": created}
         return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -104,12 +91,7 @@ class KnowledgeSourceViewSet(WorkspaceScopedMixin, mixins.CreateModelMixin, mixi
 
     def _start(self, source, **kwargs):
         self.check_object_permissions(self.request, source)
-        try:
-            services.source_ingest(source=source, **kwargs)
-        except services.IngestInProgress as exc:
-            raise Conflict(str(exc)) from None
-        except services.KnowledgeError as exc:
-            raise _invalid(exc) from None
+        services.source_ingest(source=source, **kwargs)
         source = self.get_queryset().get(pk=source.pk)
         return Response(KnowledgeSourceSerializer(source, context=self.get_serializer_context()).data,
                         status=status.HTTP_202_ACCEPTED)
@@ -193,11 +175,8 @@ class SkillViewSet(WorkspaceScopedMixin, mixins.CreateModelMixin, viewsets.ReadO
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         self.check_write_role(data["workspace"])
-        try:
-            skill, outcome = services.skill_create_from_text(workspace=data["workspace"], content=data["content"],
-                                                             created_by=request.user, activate=data["activate"])
-        except services.KnowledgeError as exc:
-            raise _invalid(exc) from None
+        skill, outcome = services.skill_create_from_text(workspace=data["workspace"], content=data["content"],
+                                                         created_by=request.user, activate=data["activate"])
         body = {**SkillDetailSerializer(skill, context=self.get_serializer_context()).data, "outcome": outcome}
         return Response(body, status=status.HTTP_200_OK if outcome == "skipped" else status.HTTP_201_CREATED)
 

@@ -9,7 +9,7 @@ from cryptography.fernet import Fernet
 from django.core import checks
 
 from config.checks import encryption_keys_check, json_settings_check, production_encryption_keys_check
-from config.services import BASE_DIR
+from config.supervisor import BASE_DIR
 
 
 def _messages(errors):

@@ -29,7 +29,7 @@ def test_vector_operators_work_at_real_widths_on_this_cpu():
 
 
 def test_make_runs_connection_budget_counts_the_llm_worker_and_stays_under_the_embedded_servers_100(monkeypatch):
-    from config.services import TICK_WORKER_PROCESSES, connection_budget, llm_worker_command, tick_worker_command
+    from config.supervisor import TICK_WORKER_PROCESSES, connection_budget, llm_worker_command, tick_worker_command
 
     monkeypatch.delenv("DATABASE_POOL_MAX_SIZE", raising=False)
     budget = connection_budget(web_workers=2, celery_processes=3, llm_processes=1, tick_processes=TICK_WORKER_PROCESSES)

@@ -7,7 +7,7 @@ from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 from config import env
-from config.services import BASE_DIR
+from config.supervisor import BASE_DIR
 
 
 def test_typed_helpers_parse_and_default(monkeypatch):

@@ -10,7 +10,7 @@ from django.db import connection
 
 import tests.durable.workflows  # noqa: F401 - registers the test workflows
 from config import health
-from config.services import BASE_DIR, EmbeddedRedis, stop_process_groups, tick_worker_command
+from config.supervisor import BASE_DIR, EmbeddedRedis, stop_process_groups, tick_worker_command
 from durable import tick
 from durable.services import run_start
 from durable.tasks import run_tick
@@ -53,7 +53,7 @@ def test_a_stale_redis_is_stopped_before_a_new_start(tmp_path):
 
 
 def test_a_postgres_left_running_by_a_killed_supervisor_is_reused(tmp_path):
-    from config.services import EmbeddedPostgres
+    from config.supervisor import EmbeddedPostgres
 
     first = EmbeddedPostgres(tmp_path / "pg", fast=True)
     url = first.start()
@@ -72,15 +72,22 @@ def test_a_postgres_left_running_by_a_killed_supervisor_is_reused(tmp_path):
 
 
 def test_one_supervisor_per_data_directory(tmp_path):
-    from config.services import ServiceError, Supervisor
+    from config.supervisor import Supervisor, SupervisorError
 
     holder = Supervisor(tmp_path)
     holder._lock()
     assert Supervisor(tmp_path).running_services() == {}  # held, but no services published yet
-    with pytest.raises(ServiceError, match="in use by another Lineage supervisor"):
+    with pytest.raises(SupervisorError, match="in use by another Lineage supervisor"):
         Supervisor(tmp_path)._lock()
     holder._lock_file.close()
     assert Supervisor(tmp_path).running_services() is None
+
+
+def test_the_supervisor_still_answers_to_its_old_module_name():
+    result = subprocess.run([sys.executable, "-m", "config.services", "exec", "--help"], cwd=BASE_DIR,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "python -m config.supervisor exec" in result.stdout and "--fast" in result.stdout
 
 
 # ------------------------------------------------------------------------------ /healthz/live and /ready

@@ -17,7 +17,7 @@ from django.db import connection
 
 import tests.durable.workflows  # noqa: F401 - registers the test workflows
 from config.logging import JsonFormatter, LogContextFilter
-from config.services import BASE_DIR, stop_process_groups
+from config.supervisor import BASE_DIR, stop_process_groups
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun
 from durable.services import run_start

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from config.services import BASE_DIR
+from config.supervisor import BASE_DIR
 
 PACKAGES = ("config", "workspaces", "durable", "workflows", "llm", "knowledge", "evals", "evolution")
 

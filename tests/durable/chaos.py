@@ -604,7 +604,7 @@ class WorkerPool:
     the pool child with it, as a machine or container dying would."""
 
     def __init__(self, count: int, env: dict, log_dir: Path):
-        from config.services import BASE_DIR
+        from config.supervisor import BASE_DIR
 
         self.base_dir = BASE_DIR
         self.env = env
@@ -679,7 +679,7 @@ class WorkerPool:
         self.paused.pop(index, None)
 
     def stop(self) -> None:
-        from config.services import stop_process_groups
+        from config.supervisor import stop_process_groups
 
         for index in list(self.paused):
             self.resume(index)

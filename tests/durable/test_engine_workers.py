@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from config.services import BASE_DIR, stop_process_groups
+from config.supervisor import BASE_DIR, stop_process_groups
 from durable import tick
 from durable.codec import decode
 from durable.models import DurableRun, StepCheckpoint

@@ -17,7 +17,7 @@ from evals.graders import validate_graders
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
 from evals.selectors import split_plan
 from llm.chat import model_problem
-from llm.offline_chat import DIRECTIVES
+from llm.offline_directives import DIRECTIVES
 from workflows import dsl as dsl_module
 from workflows.models import NodeInvocation, Workflow, WorkflowVersion
 

@@ -6,7 +6,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from config.services import stop_process_groups
+from config.supervisor import stop_process_groups
 from evals.models import EvalRun
 from evals.services import golden_item_add, golden_set_create
 from tests.llm.conftest import FakeOpenAIChat

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from evolution import operators
 from evolution.operators import Material, crossover, directive_pool, immigrant, mutate, repair, sentences
-from llm.offline_chat import find_directives
+from llm.offline_directives import find_directives
 from workflows.dsl import dsl_hash, parse
 
 MODEL = "gpt-4.1-mini"

@@ -5,7 +5,7 @@ from io import StringIO
 
 import pytest
 
-from config.services import BASE_DIR
+from config.supervisor import BASE_DIR
 from knowledge import demo
 from knowledge.models import KnowledgeChunk, KnowledgeSource
 

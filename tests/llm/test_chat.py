@@ -10,22 +10,11 @@ from django.core.exceptions import ImproperlyConfigured
 from config.settings.llm import _providers
 from llm import chat as chat_module
 from llm import retry
-from llm.chat import (
-    ChatError,
-    ChatProvider,
-    ChatRequest,
-    ChatResponse,
-    ResolvedModel,
-    ToolCall,
-    ToolSpec,
-    TransientChatError,
-    UnknownModel,
-    chat,
-    model_problem,
-    resolve_model,
-    structured_output_format,
-)
+from llm.chat import chat, model_problem, structured_output_format
+from llm.errors import ChatError, TransientChatError, UnknownModel
+from llm.names import ResolvedModel, resolve_model
 from llm.providers import ProviderLimits, provider_config, provider_limits
+from llm.types import ChatProvider, ChatRequest, ChatResponse, ToolCall, ToolSpec
 from llm.usage import Usage, usage_meter
 
 OFFLINE = ResolvedModel("offline", "offline-directive-v1", None, "")

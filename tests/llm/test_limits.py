@@ -6,7 +6,9 @@ import uuid
 import pytest
 
 from llm import limits
-from llm.chat import CallPutOff, ChatRequest, PutOff, chat
+from llm.chat import PutOff, chat
+from llm.errors import CallPutOff
+from llm.types import ChatRequest
 
 
 @pytest.fixture

@@ -6,8 +6,9 @@ from decimal import Decimal
 
 import pytest
 
-from llm.chat import ChatRequest, ToolSpec
-from llm.offline_chat import DIRECTIVES, MODEL, FoundDirective, find_directives, respond
+from llm.offline_chat import MODEL, respond
+from llm.offline_directives import DIRECTIVES, FoundDirective, find_directives
+from llm.types import ChatRequest, ToolSpec
 
 QUESTION = "How does the durable engine recover a workflow after a crash?"
 BEST = "The durable engine replays a workflow from its checkpoints after a crash."
@@ -343,7 +344,7 @@ def test_a_hand_off_header_is_not_evidence():
 
 
 def test_a_word_limit_above_the_cap_is_no_limit():
-    from llm.offline_chat import MAX_WORD_LIMIT
+    from llm.offline_directives import MAX_WORD_LIMIT
 
     def limit(prompt):
         return [f.arguments for f in find_directives(prompt) if f.key == "max_words"]
@@ -418,7 +419,7 @@ def _unknown_answer_prompts(count: int, seed: int):
 def test_the_linear_unknown_answer_scan_finds_what_its_regex_finds():
     """`_find_unknown_answer` replaces `_UNKNOWN_ANSWER.finditer` (cubic on some prompts) and must
     find exactly the same matches."""
-    from llm.offline_chat import _UNKNOWN_ANSWER, _find_unknown_answer
+    from llm.offline_directives import _UNKNOWN_ANSWER, _find_unknown_answer
 
     matched = 0
     for prompt in _unknown_answer_prompts(4_000, seed=7):
@@ -429,19 +430,19 @@ def test_the_linear_unknown_answer_scan_finds_what_its_regex_finds():
 
 
 def test_the_negation_index_agrees_with_a_scan_of_the_clause():
-    """`_Negations.before(start)` answers, with two bisects, whether a negation precedes `start` in its
+    """`Negations.before(start)` answers, with two bisects, whether a negation precedes `start` in its
     clause, for every position a directive or tool name can start at (not inside a word)."""
     import re
 
-    from llm.offline_chat import _CLAUSE_BREAK, _NEGATION, _Negations
+    from llm.offline_directives import _CLAUSE_BREAK, NEGATION, Negations
 
     def scanned(text, start):
         clause_start = max((m.end() for m in _CLAUSE_BREAK.finditer(text, 0, start)), default=0)
-        return bool(_NEGATION.search(text, clause_start, start))
+        return bool(NEGATION.search(text, clause_start, start))
 
     checked = negated = 0
     for text in _unknown_answer_prompts(500, seed=11):
-        index = _Negations(text)
+        index = Negations(text)
         for start in range(len(text) + 1):
             if 0 < start < len(text) and re.match(r"\w\w", text[start - 1:start + 1]):
                 continue

@@ -7,7 +7,9 @@ from decimal import Decimal
 import pytest
 
 from llm import retry
-from llm.chat import ChatError, ChatRequest, ToolSpec, TransientChatError, chat
+from llm.chat import chat
+from llm.errors import ChatError, TransientChatError
+from llm.types import ChatRequest, ToolSpec
 from llm.usage import usage_meter
 
 SEARCH = ToolSpec("knowledge_search", "Search the knowledge base.",
@@ -169,7 +171,8 @@ def test_model_options_setting_adds_to_the_table(online, settings):
 
 
 def test_in_a_durable_step_a_rate_limit_is_put_off_not_slept(online):
-    from llm.chat import CallPutOff, PutOff
+    from llm.chat import PutOff
+    from llm.errors import CallPutOff
 
     online.chat_replies = [(429, {**JSON_ERROR, "Retry-After": "8"}, '{"error": {"message": "Rate limit"}}')]
     with pytest.raises(CallPutOff) as caught:

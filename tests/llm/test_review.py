@@ -1,8 +1,9 @@
 """Review findings for the chat layer's offline model: prompt text and tool schemas a workflow can
 carry must never crash it or stall the worker answering it."""
 
-from llm.chat import ChatRequest, ToolSpec
-from llm.offline_chat import find_directives, respond
+from llm.offline_chat import respond
+from llm.offline_directives import find_directives
+from llm.types import ChatRequest, ToolSpec
 
 
 def ask(system: str, question: str = "What is it?", **kwargs):
@@ -25,7 +26,7 @@ def test_a_long_prompt_line_of_conditions_is_read_for_its_directives():
 
     This 200 KB prompt has both shapes, then the directives that count. Its speed is covered by
     construction, not timed (tests never assert wall-clock times): the directive scan is linear
-    (`_find_unknown_answer` and `_Negations` in llm/offline_chat.py): with the cubic regex back, this
+    (`_find_unknown_answer` and `Negations` in llm/offline_directives.py): with the cubic regex back, this
     test would run for hours rather than fail an assertion (the old scan took 100 s on 20 KB of these
     conditions). What it pins is that the long prompt is still read right."""
     conditions = "if it is not there, " * 5_000  # 100 KB, one line: every "if" has a negation and no say-word

@@ -14,7 +14,7 @@ import pytest
 from django.db import connection as db_connection
 from django.urls import reverse
 
-from config.services import stop_process_groups
+from config.supervisor import stop_process_groups
 from durable import tick
 from durable.models import StepCheckpoint
 from llm.prices import cost_usd

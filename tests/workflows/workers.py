@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from django.db import connection
 
-from config.services import BASE_DIR, stop_process_groups
+from config.supervisor import BASE_DIR, stop_process_groups
 from durable import tick
 
 

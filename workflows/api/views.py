@@ -13,6 +13,7 @@ from rest_framework.decorators import action
 from rest_framework.generics import get_object_or_404
 from rest_framework.response import Response
 
+from config.errors import Conflict
 from workflows import dsl as dsl_module
 from workflows import selectors, services
 from workflows.api.filters import (
@@ -61,12 +62,6 @@ from workspaces.api.base import WorkspaceScopedReadOnlyViewSet, WorkspaceScopedV
 from workspaces.api.pagination import IdCursorPagination
 
 IMPORT_NAME_MAX = Workflow._meta.get_field("name").max_length
-
-
-class Conflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "conflict"
-    default_detail = "The request conflicts with the current state."
 
 
 MESSAGE_PARAMETERS = [
@@ -294,12 +289,8 @@ class WorkflowVersionViewSet(WorkspaceScopedReadOnlyViewSet):
         serializer = InvokeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        try:
-            invocation = services.invocation_start(version=version, input=data["input"], user=request.user,
-                                                   node_budget=data.get("node_budget"),
-                                                   usd_budget=data.get("usd_budget"))
-        except services.InvocationRefused as exc:
-            raise exceptions.ValidationError(exc.errors) from None
+        invocation = services.invocation_start(version=version, input=data["input"], user=request.user,
+                                               node_budget=data.get("node_budget"), usd_budget=data.get("usd_budget"))
         invocation = invocation_queryset(detail=True).get(pk=invocation.pk)
         return Response(WorkflowInvocationDetailSerializer(invocation, context=self.get_serializer_context()).data,
                         status=status.HTTP_202_ACCEPTED)
@@ -364,14 +355,9 @@ class WorkflowInvocationViewSet(WorkspaceScopedReadOnlyViewSet):
         invocation = self.get_object()
         serializer = DecisionSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        try:
-            services.invocation_decide(invocation=invocation, decision=decision, user=request.user,
-                                       comment=serializer.validated_data["comment"],
-                                       node_seq=serializer.validated_data.get("node_seq"))
-        except services.InvalidInvocationState as exc:
-            raise Conflict(str(exc)) from None
-        except services.InvocationRefused as exc:
-            raise exceptions.ValidationError(exc.errors) from None
+        services.invocation_decide(invocation=invocation, decision=decision, user=request.user,
+                                   comment=serializer.validated_data["comment"],
+                                   node_seq=serializer.validated_data.get("node_seq"))
         return self._detail(invocation)
 
     @extend_schema(summary="Approve the node waiting for approval (409 when none is waiting)",

@@ -7,7 +7,9 @@
 always a readable sentence. Database integrity errors that slip past validation become 409,
 data errors (a value the database refuses), Django validation errors and bodies Django refuses to
 parse (too many fields) 400, and an oversized body 413, so a client never sees a 500 (or an HTML
-page) for bad input. ``api_not_found`` answers unrouted URLs under /api/ in the same shape.
+page) for bad input. A service's error (config/errors.py) is answered here by its kind, so views do not
+translate them: Invalid 400 naming its fields, Conflict 409, NotFound 404. ``api_not_found`` answers
+unrouted URLs under /api/ in the same shape.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+from config import errors
 
 
 def _flatten(detail, prefix: str = "") -> list[str]:
@@ -41,8 +45,23 @@ def _flatten(detail, prefix: str = "") -> list[str]:
     return [f"{prefix}: {detail}" if prefix else str(detail)]
 
 
+def _from_service(exc: errors.ServiceError) -> exceptions.APIException:
+    """A service's error as DRF's: the first kind it is wins (a Conflict that is also an app's Invalid root is a
+    409); any other is bad input, naming its fields."""
+    if isinstance(exc, errors.Conflict):
+        api = exceptions.APIException(detail=exc.message, code=exc.code)
+        api.status_code = status.HTTP_409_CONFLICT
+        return api
+    if isinstance(exc, errors.NotFound):
+        return exceptions.NotFound()
+    return exceptions.ValidationError(exc.errors)
+
+
 def exception_handler(exc, context):
-    if isinstance(exc, DjangoValidationError):
+    details = exc.details if isinstance(exc, errors.ServiceError) else {}
+    if isinstance(exc, errors.ServiceError):
+        exc = _from_service(exc)
+    elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages})
     elif isinstance(exc, IntegrityError):
         exc = exceptions.APIException(detail="The request conflicts with existing data.", code="conflict")
@@ -80,6 +99,7 @@ def exception_handler(exc, context):
         body["code"] = codes if isinstance(codes, str) else "error"
         body["message"] = "; ".join(_flatten(detail)) if not isinstance(detail, dict) or "detail" not in detail \
             else str(detail["detail"])
+    body.update(details)
     return Response({"error": body}, status=response.status_code, headers=_headers(response))
 
 
