@@ -32,7 +32,7 @@ from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmi
 from config.display import ago, moment, status_badge
 from config.display import seconds as seconds_text
 from config.home_charts import GRID, STATUS_COLOURS
-from config.home_charts import _svg as svg_root
+from config.svg import svg as svg_root
 from durable import owners, selectors, services
 from durable.codec import Undecodable, decode, decode_strict
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, RunAttribute, Schedule
