@@ -26,12 +26,12 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
-from django.utils.text import Truncator
 
 from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
 from config.display import ago, moment, status_badge
 from config.display import seconds as seconds_text
 from config.home_charts import GRID, STATUS_COLOURS
+from config.svg import clip
 from config.svg import svg as svg_root
 from durable import owners, selectors, services
 from durable.codec import Undecodable, decode, decode_strict
@@ -142,10 +142,6 @@ GANTT_ALL_ROWS = 5_000
 GANTT_W, GANTT_LABEL_W, GANTT_META_W, GANTT_ROW_H, GANTT_TOP = 940, 230, 150, 18, 22
 
 
-def _clip(text: str, limit: int) -> str:
-    return Truncator(" ".join(str(text).split())).chars(limit)
-
-
 def gantt_svg(rows: list[selectors.GanttRow], *, origin, finish, active: bool):
     """The rows as bars over the run's span, an axis of elapsed time on top; a row still open when the run
     is active ends now. Each bar's tooltip names it, its status, start offset and duration."""
@@ -183,12 +179,12 @@ def gantt_svg(rows: list[selectors.GanttRow], *, origin, finish, active: bool):
         parts.append(
             f'<g class="durable-gantt-row durable-gantt-{escape(row.status)}" data-seq="{row.seq}">'
             f'<title>{escape(tooltip)}</title>'
-            f'<text x="0" y="{y + 13}" font-size="11" fill="currentColor">{escape(_clip(label, 36))}</text>'
+            f'<text x="0" y="{y + 13}" font-size="11" fill="currentColor">{escape(clip(label, 36))}</text>'
             f'<rect x="{plot_x}" y="{y + 3}" width="{plot_w}" height="12" fill="{GRID}" fill-opacity="0.35"/>'
             f'<rect x="{plot_x + left:.2f}" y="{y + 3}" width="{width:.2f}" height="12" rx="2" '
             f'fill="{STATUS_COLOURS.get(row.status, "#9aa3ab")}"/>'
             f'<text x="{plot_x + plot_w + 8}" y="{y + 13}" font-size="10" fill="currentColor" fill-opacity="0.75">'
-            f'{escape(_clip(meta, 30))}</text></g>')
+            f'{escape(clip(meta, 30))}</text></g>')
     title = f"Steps over {seconds_text(total)}: {len(rows)} rows"
     return svg_root("durable-gantt", GANTT_W, height, title, "".join(parts)), seconds_text(total)
 
