@@ -96,8 +96,9 @@ def test_a_step_that_waits_alive_heartbeats_through_its_wait(settings):
     run = run_until_settled(run_start(workflow="tests.wait_alive", input={"seconds": 1.0, "timeout": 0.6}).id)
     assert run.status == "completed"
     step = StepCheckpoint.objects.get(run=run, seq=0)
-    # the wait outlasted the step's allowed silence: its heartbeats re-armed the clock past its start's
-    assert step.attempt == 1 and step.last_heartbeat_at > step.started_at
+    # the wait outlasted the step's allowed silence: its heartbeats went on through it (the last one after
+    # at least half the wait, which a single heartbeat at its start would not be)
+    assert step.attempt == 1 and step.last_heartbeat_at - step.started_at >= timedelta(seconds=0.5)
 
 
 def test_schedule_fires_each_window_once():

@@ -1,6 +1,7 @@
 """Eval runs: durable, graded, aggregated, reused; comparison, promotion and rollback."""
 
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
@@ -373,22 +374,30 @@ def test_the_judge_is_asked_on_the_llm_queue_and_a_429_waits_on_a_timer(judge_se
     assert step.options["deferrals"] == {"provider": 1}  # put off once, then answered
 
 
-def test_a_lane_that_fails_lets_the_other_lanes_finish_and_a_retry_scores_every_item(support_set, support_versions,
-                                                                                     monkeypatch):
-    from durable import engine, owners
-    from durable.inprocess import run_until_settled
-    from durable.services import run_retry
+@pytest.fixture
+def grader_outage(support_set, monkeypatch):
+    """The grader fails on the support set's first item until `grader_outage.end()`."""
     from evals import execution
 
-    items = list(support_set.items.order_by("position", "id"))
+    first = support_set.items.order_by("position", "id").first()
     grade = execution.eval_grade_item
 
     def outage_on_the_first_item(eval_run_id, item_id, *args):
-        if item_id == items[0].pk:
+        if item_id == first.pk:
             raise RuntimeError("the grader's database said no")
         return grade(eval_run_id, item_id, *args)
 
     monkeypatch.setattr(execution, "eval_grade_item", outage_on_the_first_item)
+    return SimpleNamespace(end=lambda: monkeypatch.setattr(execution, "eval_grade_item", grade))
+
+
+def test_a_lane_that_fails_lets_the_other_lanes_finish_and_a_retry_scores_every_item(support_set, support_versions,
+                                                                                     grader_outage):
+    from durable import engine, owners
+    from durable.inprocess import run_until_settled
+    from durable.services import run_retry
+
+    items = list(support_set.items.order_by("position", "id"))
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
     engine.execute_turn(run.durable_run_id)  # two lanes: items 1, 3, 5 and 2, 4, 6
     first, second = DurableRun.objects.filter(parent_id=run.durable_run_id).order_by("parent_seq")
@@ -402,7 +411,7 @@ def test_a_lane_that_fails_lets_the_other_lanes_finish_and_a_retry_scores_every_
     assert set(GoldenResult.objects.filter(eval_run=run).values_list("golden_item_id", flat=True)) == \
         {item.pk for item in items[1::2]}
     owners.reconcile()
-    monkeypatch.setattr(execution, "eval_grade_item", grade)
+    grader_outage.end()
     assert run_retry(run_id=run.durable_run_id)
     assert run_until_settled(run.durable_run_id, max_wait=60).status == "completed"
     run.refresh_from_db()
@@ -412,21 +421,11 @@ def test_a_lane_that_fails_lets_the_other_lanes_finish_and_a_retry_scores_every_
     assert WorkflowInvocation.objects.filter(workflow_version=support_versions[0]).count() == 6
 
 
-def test_a_lane_retried_alone_after_its_eval_run_ended_invokes_nothing(support_set, support_versions, monkeypatch):
+def test_a_lane_retried_alone_after_its_eval_run_ended_invokes_nothing(support_set, support_versions, grader_outage):
     from durable import engine
     from durable.inprocess import run_until_settled
     from durable.services import run_retry
-    from evals import execution
 
-    items = list(support_set.items.order_by("position", "id"))
-    grade = execution.eval_grade_item
-
-    def outage_on_the_first_item(eval_run_id, item_id, *args):
-        if item_id == items[0].pk:
-            raise RuntimeError("the grader's database said no")
-        return grade(eval_run_id, item_id, *args)
-
-    monkeypatch.setattr(execution, "eval_grade_item", outage_on_the_first_item)
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
     engine.execute_turn(run.durable_run_id)
     first, _ = DurableRun.objects.filter(parent_id=run.durable_run_id).order_by("parent_seq")
@@ -434,7 +433,7 @@ def test_a_lane_retried_alone_after_its_eval_run_ended_invokes_nothing(support_s
     run.refresh_from_db()
     assert run.status == "failed"
     invocations = WorkflowInvocation.objects.filter(workflow_version=support_versions[0]).count()
-    monkeypatch.setattr(execution, "eval_grade_item", grade)
+    grader_outage.end()
     assert run_retry(run_id=first.id)  # an operator retries the failed lane, not its eval run
     lane = run_until_settled(first.id, max_wait=60)
     assert lane.status == "failed" and "retry the eval run" in lane.error, lane.error
@@ -445,26 +444,17 @@ def test_a_lane_retried_alone_after_its_eval_run_ended_invokes_nothing(support_s
 
 
 def test_an_eval_run_retried_after_its_lane_was_retried_alone_still_scores_every_item(support_set, support_versions,
-                                                                                      monkeypatch):
+                                                                                      grader_outage):
     from durable import engine, owners
     from durable.inprocess import run_until_settled
     from durable.services import run_retry
-    from evals import execution
 
     items = list(support_set.items.order_by("position", "id"))
-    grade = execution.eval_grade_item
-
-    def outage_on_the_first_item(eval_run_id, item_id, *args):
-        if item_id == items[0].pk:
-            raise RuntimeError("the grader's database said no")
-        return grade(eval_run_id, item_id, *args)
-
-    monkeypatch.setattr(execution, "eval_grade_item", outage_on_the_first_item)
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
     engine.execute_turn(run.durable_run_id)
     first, _ = DurableRun.objects.filter(parent_id=run.durable_run_id).order_by("parent_seq")
     assert run_until_settled(run.durable_run_id, max_wait=60).status == "failed"
-    monkeypatch.setattr(execution, "eval_grade_item", grade)
+    grader_outage.end()
     assert run_retry(run_id=first.id)  # the failed lane alone: its eval run had ended, so it starts nothing
     run_until_settled(first.id, max_wait=60)
     owners.reconcile()
