@@ -64,9 +64,20 @@ class OpenAIChatProvider(ChatProvider):
             if exc.status_code in _TRANSIENT_STATUSES:
                 raise TransientChatError(message, retry_after=retry_after_of(exc)) from exc
             raise ChatError(message) from exc
-        except openai.OpenAIError as exc:  # an answer the client could not read
+        except (openai.OpenAIError, ValueError) as exc:  # an answer the client could not read (bad JSON)
             raise ChatError(f"{self.name} answered the chat request with something unreadable: {exc}") from exc
         latency_ms = (time.perf_counter() - started) * 1000
+        try:
+            return self._response(completion, kwargs["messages"], resolved, latency_ms)
+        except (AttributeError, TypeError, IndexError, KeyError, ValueError) as exc:
+            # a 200 that is not a chat completion (a proxy's page, another endpoint's JSON): the client hands
+            # back the text, or a model built without validation whose fields are missing or of another type
+            raise ChatError(f"{self.name} answered the chat request with something unreadable: "
+                            f"not a chat completion ({type(exc).__name__}: {exc})") from exc
+
+    def _response(self, completion, messages, resolved: ResolvedModel, latency_ms: float) -> ChatResponse:
+        if not isinstance(completion, ChatCompletion) or "choices" not in completion.model_fields_set:
+            raise TypeError(f"a body without choices ({type(completion).__name__})")
         if not completion.choices:
             raise ChatError(f"{self.name} model {resolved.model!r} returned no choices.")
         choice = completion.choices[0]
@@ -81,7 +92,7 @@ class OpenAIChatProvider(ChatProvider):
         input_tokens = getattr(usage, "prompt_tokens", None)
         output_tokens = getattr(usage, "completion_tokens", None)
         if input_tokens is None:  # a server that does not count: estimate, so the cost is not silently zero
-            input_tokens = estimate_tokens(json.dumps(kwargs["messages"], ensure_ascii=False, default=str))
+            input_tokens = estimate_tokens(json.dumps(messages, ensure_ascii=False, default=str))
         if output_tokens is None:
             output_tokens = estimate_tokens(content + "".join(call.raw for call in tool_calls))
         return ChatResponse(

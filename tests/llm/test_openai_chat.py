@@ -196,3 +196,18 @@ def test_a_json_schema_response_format_reaches_only_a_provider_with_structured_o
     chat(ChatRequest(model="local#qwen2.5:14b", messages=_messages(), response_format=route))
     (payload,) = online.chat_payloads
     assert ("response_format" in payload) is structured
+
+
+@pytest.mark.parametrize("body, content_type", [
+    ("<html>502 Bad Gateway</html>", "text/html"),
+    ("not json at all", "application/json"),
+    ('{"object": "list", "data": []}', "application/json"),
+    ('{"id": "x", "object": "chat.completion", "choices": [{"index": 0}]}', "application/json"),
+    ('{"id": "x", "object": "chat.completion", "choices": "none"}', "application/json"),
+])
+def test_a_200_that_is_not_a_chat_completion_fails_as_a_chat_error_naming_the_provider(online, body, content_type):
+    online.chat_replies = [(200, {"Content-Type": content_type}, body)]
+    with pytest.raises(ChatError, match=r"openai answered the chat request with") as caught:
+        chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()))
+    assert not isinstance(caught.value, TransientChatError)
+    assert len(online.chat_payloads) == 1
