@@ -73,6 +73,12 @@ class LeaseLost(_ControlFlow):
     pass
 
 
+class StepAbandoned(_ControlFlow):
+    """Raised by ``heartbeat()`` (and so ``wait_alive``) in a queued step that is no longer this worker's
+    attempt: its run ended (cancelled) or its clock ran out and another worker has it. The step stops
+    there and nothing of it is saved (its checkpoint belongs to whoever holds it now)."""
+
+
 class NonDeterminismError(_ControlFlow):
     pass
 

@@ -31,7 +31,7 @@ from config.logging import log_context
 from durable import store
 from durable.codec import decode, encode
 from durable.context import backoff_delay, error_payload, now
-from durable.errors import DurableError, TryLater
+from durable.errors import DurableError, StepAbandoned, TryLater
 from durable.leases import keeper
 from durable.registry import resolve_callable
 from durable.settings import durable_settings
@@ -56,7 +56,9 @@ SAVE_EVERY_SECONDS = 1.0
 
 def heartbeat(progress=None) -> None:
     """Report liveness (and optional JSON progress) from inside a step. Persisted at most every few
-    seconds; each persisted heartbeat re-arms the step's timeout."""
+    seconds; each persisted heartbeat re-arms the step's timeout. A persisted heartbeat that finds the
+    step no longer running as this attempt (its run cancelled, its clock run out and the step handed to
+    another worker) raises StepAbandoned: the step stops, as a Temporal activity's heartbeat does."""
     scope = _current_step.get()
     if scope is None:  # inline steps: the turn's lease keeper already vouches for liveness
         return
@@ -68,14 +70,18 @@ def heartbeat(progress=None) -> None:
         return
     scope.last_persist = clock
     try:
-        store.step_heartbeat(step_id=scope.step_id, attempt=scope.attempt, timeout=scope.timeout,
-                             progress_text=encode(progress) if progress is not None else "")
+        held = store.step_heartbeat(step_id=scope.step_id, attempt=scope.attempt, timeout=scope.timeout,
+                                    progress_text=encode(progress) if progress is not None else "")
     except DatabaseError as exc:
         # the step's own work is fine: a heartbeat that could not be written is only a missed one (if they
         # keep failing, the step's clock runs out and the tick hands it to another worker)
         logger.warning("durable: step %s: a heartbeat could not be written (%s)", scope.step_id, exc)
         if not connection.in_atomic_block:
             connection.close_if_unusable_or_obsolete()
+        return
+    if not held:
+        raise StepAbandoned(f"step {scope.step_id} (attempt {scope.attempt}) is no longer running as this "
+                            "attempt: its run ended or another worker has it")
 
 
 def wait_alive(seconds: float) -> None:
@@ -147,7 +153,11 @@ def _execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
             if not keeper.chunk_start(chunk, step_id):
                 skipped += 1  # timed out while it waited here: another worker has it now
                 continue
-            pending.append(_run_step(run_id, step_id, seq, name, input_text, step_options, attempt, timeout))
+            settlement = _run_step(run_id, step_id, seq, name, input_text, step_options, attempt, timeout)
+            if settlement is None:
+                skipped += 1  # abandoned: its run ended or another worker has it
+                continue
+            pending.append(settlement)
             keeper.chunk_waiting(chunk, step_id, attempt)
         if pending:
             save()
@@ -171,9 +181,9 @@ def _settle_with_retries(run_id: str, pending: list[tuple], attempts: int = 3) -
     return store.steps_settle(run_id, pending)
 
 
-def _run_step(run_id, step_id, seq, name, input_text, options, attempt, timeout) -> tuple:
+def _run_step(run_id, step_id, seq, name, input_text, options, attempt, timeout) -> tuple | None:
     """Run one claimed step; returns its settlement (id, attempt, status, output, error, retry_at, started,
-    options patch)."""
+    options patch), or None when a heartbeat found it abandoned (nothing to save)."""
     scope = _StepScope(step_id, attempt, timeout, deferrals=options.get("deferrals"))
     token = _current_step.set(scope)
     started = now()
@@ -187,6 +197,9 @@ def _run_step(run_id, step_id, seq, name, input_text, options, attempt, timeout)
         return (step_id, attempt, StepStatus.COMPLETED, encode(result), "", None, started, patch)
     except TryLater as exc:
         return _put_off(step_id, attempt, options, exc, started)
+    except StepAbandoned as exc:
+        logger.info("durable: run %s step %s stopped: %s", run_id, name, exc)
+        return None
     except Exception as exc:
         error = encode(error_payload(exc))
         spent = attempt - 1 - sum((options.get("deferrals") or {}).values())

@@ -282,3 +282,35 @@ def test_cancel_with_compensation_starts_the_compensating_workflow():
     undo = run_until_settled(f"{run.id}:compensate")
     assert undo.status == "completed"
     assert decode(undo.output) == {"undid": run.id, "original_input": {"order": 9}}
+
+
+def test_a_step_waiting_alive_stops_when_its_run_is_cancelled():
+    from tests.durable.workflows import WAITED_TO_THE_END
+
+    run = run_until_settled(run_start(workflow="tests.cancelled_while_waiting", input={"seconds": 5.0}).id)
+    assert run.status == "cancelled"
+    # the wait ended at the heartbeat that found the step cancelled: the step's code after it never ran, and
+    # nothing of it was saved over the cancelled checkpoint
+    assert run.id not in WAITED_TO_THE_END
+    step = StepCheckpoint.objects.get(run=run, seq=0)
+    assert step.status == "cancelled" and step.output == ""
+
+
+def test_a_heartbeat_of_a_step_handed_to_another_worker_stops_it(settings):
+    from durable import heartbeat
+    from durable.errors import StepAbandoned
+    from durable.steps import _current_step, _StepScope
+
+    run = run_start(workflow="tests.heartbeat", input={"seconds": 0.1, "timeout": 5})
+    engine.execute_turn(run.id)
+    step = StepCheckpoint.objects.get(run=run, seq=0)
+    claimed = store.steps_claim(run.id, [0], 5.0)
+    assert claimed
+    # its clock ran out and the tick gave it back (pending, for another worker): this worker's attempt is over
+    StepCheckpoint.objects.filter(pk=step.pk).update(status="pending")
+    token = _current_step.set(_StepScope(step.pk, claimed[0][5], 5.0))
+    try:
+        with pytest.raises(StepAbandoned, match="no longer"):
+            heartbeat({"left": 1})
+    finally:
+        _current_step.reset(token)

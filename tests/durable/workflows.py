@@ -345,3 +345,23 @@ def database_session():
 def sessions(ctx, input):
     """One queued step after another (each its own task, each followed by a turn): the sessions they used."""
     return [ctx.step(f"session-{index}", database_session, queue="steps") for index in range(input["steps"])]
+
+
+WAITED_TO_THE_END: list[str] = []
+
+
+def cancel_then_wait_alive(run_id: str, seconds: float) -> str:
+    """Cancel this step's own run, then wait alive: its first persisted heartbeat finds the step no longer
+    running, and the wait stops there (the line after it is never reached)."""
+    from durable import wait_alive
+    from durable.services import run_cancel
+
+    run_cancel(run_id=run_id)
+    wait_alive(seconds)
+    WAITED_TO_THE_END.append(run_id)
+    return "waited"
+
+
+@workflow("tests.cancelled_while_waiting")
+def cancelled_while_waiting(ctx, input):
+    return ctx.step("wait", cancel_then_wait_alive, ctx.run_id, input["seconds"], queue="steps", timeout=30)
