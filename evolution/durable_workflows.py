@@ -353,11 +353,12 @@ class Reflective(Loop):
             if (iteration - 1) % c["population"] == 0:
                 self.boundary(f"i{iteration}")
             parent, merge_with = self.pick(candidates, iteration, allow_merge=not iterative)
-            child = self.ctx.step(f"reflect:{iteration}", execution.reflect, self.run_id, iteration,
-                                  {"version_id": parent, "eval_run": self.scores[parent]["eval_run"]},
-                                  None if merge_with is None else
-                                  {"version_id": merge_with, "eval_run": self.scores[merge_with]["eval_run"]},
-                                  sorted(self.scores), **reflect_options())
+            reflected = self.ctx.step(f"reflect:{iteration}", execution.reflect, self.run_id, iteration,
+                                      {"version_id": parent, "eval_run": self.scores[parent]["eval_run"]},
+                                      None if merge_with is None else
+                                      {"version_id": merge_with, "eval_run": self.scores[merge_with]["eval_run"]},
+                                      sorted(self.scores), **reflect_options())
+            child = self.reflected_child(reflected)
             if child is not None and child["version_id"] not in self.scores:
                 version = child["version_id"]
                 self.made[version] = child
@@ -370,6 +371,14 @@ class Reflective(Loop):
                 self.record(len(self.best_history), members, set(candidates), block_start)
                 block, block_start = [], self.ctx.now()
         return reason or f"{iterations} proposals made"
+
+    def reflected_child(self, reflected: dict | None) -> dict | None:
+        """A reflect step's offspring, its rewriter's cost added to the run's spend. A checkpoint written
+        before reflect returned its cost is the offspring's record itself (or None)."""
+        if reflected is None or "child" not in reflected:
+            return reflected
+        self.totals["usd"] += Decimal(reflected["usd"])
+        return reflected["child"]
 
     def try_child(self, child: int, parent: int, iteration: int, iterative: bool) -> bool:
         """Minibatch first (drawn from the search items); all of them only when the child beats its parent there."""

@@ -269,7 +269,17 @@ def breed(run_id: int, generation: int, parents: list[dict], count: int) -> list
     return out
 
 
-def reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None, known: list[int]) -> dict | None:
+def reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None, known: list[int]) -> dict:
+    """{"child": the offspring's record or None, "usd": what the rewriter's model calls cost}: see `_reflect`.
+    The cost counts in the run's spend whether or not a child came of it."""
+    from llm.usage import usage_meter
+
+    with usage_meter() as meter:
+        child = _reflect(run_id, iteration, parent, merge_with, known)
+    return {"child": child, "usd": f"{meter.total.usd_cost:f}"}
+
+
+def _reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None, known: list[int]) -> dict | None:
     """Reflective mode's offspring of a frontier version: with `merge_with` a crossover of the two (they
     improved different items); otherwise the evals rewriter reading the parent's failing items (their
     invocations, messages and grader rationales), falling back to a prompt mutation, any mutation, then

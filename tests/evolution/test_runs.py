@@ -4,6 +4,7 @@ determinism, stop rules, pause and resume, cancel."""
 import pytest
 
 from durable.inprocess import run_until_settled
+from tests.llm.conftest import openai_server  # noqa: F401  (the local OpenAI-compatible server)
 from evolution.models import EvolutionRun, Generation, Individual
 from evolution.services import EvolutionError, evolution_cancel, evolution_pause, evolution_resume, evolution_start
 from workflows.dsl import parse
@@ -365,3 +366,32 @@ def test_a_set_too_small_to_split_states_that_the_run_has_no_held_out_claim(fact
     assert report["test"] is None and run.test_lift is None
     assert report["best"] == {"version_id": run.best_version_id, "whole_set": run.best_fitness}
     assert all("item_ids" not in r.config for r in eval_runs_of(run))  # searched and selected on the whole set
+
+
+def test_a_reflect_step_counts_what_its_rewriter_model_cost(facts, support_set, support_base, evolve, settings,
+                                                            openai_server):
+    """The rewriter's call is spend of the evolution like its eval runs' calls: the reflect step returns it,
+    so the run's USD budget binds on it too (a rewriter that found nothing new cost money all the same)."""
+    import json
+    from decimal import Decimal
+
+    from evals.models import EvalRun
+    from evolution import execution
+    from llm.prices import cost_usd
+
+    run = evolve(support_base.workflow, support_set, mode="reflective",
+                 config={"population": 2, "generations": 1, "seed": 1, "minibatch": 2})
+    base_eval = EvalRun.objects.filter(workflow_version=support_base).order_by("pk").first()
+    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+    settings.OPENAI_BASE_URL = openai_server.url("/v1")
+    settings.EVAL_REWRITER_MODEL = "gpt-4.1-mini"
+    openai_server.chat_replies = [{"content": json.dumps({
+        "improved_prompt": "You are a helpful support agent. Call knowledge_search before answering.",
+        "confidence": 0.9, "changelog": ["look the facts up"]}),
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 500}}]
+    reflected = execution.reflect(run.pk, 9, {"version_id": support_base.pk, "eval_run": base_eval.pk}, None,
+                                  [support_base.pk])
+    assert len(openai_server.chat_payloads) == 1
+    spent = cost_usd("gpt-4.1-mini", provider="openai", input_tokens=1000, output_tokens=500)
+    assert spent > 0 and Decimal(reflected["usd"]) == spent
+    assert reflected["child"]["version_id"] != support_base.pk and reflected["child"]["kind"] == "iterative"
