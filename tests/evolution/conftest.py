@@ -1,6 +1,7 @@
 import pytest
 
 from tests.evals.conftest import ITEMS, evaluate, facts, support_set  # noqa: F401  (shared fixtures)
+from tests.llm.conftest import openai_server  # noqa: F401  (the local OpenAI-compatible server)
 
 
 @pytest.fixture

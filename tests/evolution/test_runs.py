@@ -4,7 +4,6 @@ determinism, stop rules, pause and resume, cancel."""
 import pytest
 
 from durable.inprocess import run_until_settled
-from tests.llm.conftest import openai_server  # noqa: F401  (the local OpenAI-compatible server)
 from evolution.models import EvolutionRun, Generation, Individual
 from evolution.services import EvolutionError, evolution_cancel, evolution_pause, evolution_resume, evolution_start
 from workflows.dsl import parse
