@@ -153,6 +153,22 @@ class Loop:
             self.totals["usd"] += Decimal(record["usd"])
         return measured
 
+    def bred_offspring(self, bred: dict | list) -> list[dict]:
+        """A breed step's offspring, what its guided operators' model calls cost added to the run's spend.
+        A checkpoint written before breed returned its cost is the list of offspring itself."""
+        if isinstance(bred, list):
+            return bred
+        self.totals["usd"] += Decimal(bred["usd"])
+        return bred["offspring"]
+
+    def reflected_child(self, reflected: dict | None) -> dict | None:
+        """A reflect step's offspring, its rewriter's cost added to the run's spend. A checkpoint written
+        before reflect returned its cost is the offspring's record itself (or None)."""
+        if reflected is None or "child" not in reflected:
+            return reflected
+        self.totals["usd"] += Decimal(reflected["usd"])
+        return reflected["child"]
+
     def fitness(self, version: int) -> float:
         return self.scores[version]["fitness"]
 
@@ -289,8 +305,9 @@ class Loop:
 
 
 def reflect_options() -> dict:
-    """The rewriter may ask a real model: then reflecting is a step of the llm queue's worker, not of a
-    turn's (offline, every model is answered in well under a millisecond, in the turn)."""
+    """The rewriter and the guided operators (evolution.guided) may ask a real model: then breeding and
+    reflecting are steps of the llm queue's worker, not of a turn's (offline, every model is answered in
+    well under a millisecond, in the turn)."""
     return {} if settings.LLM_PROVIDER == OFFLINE_PROVIDER else queued_call_options()
 
 
@@ -312,9 +329,10 @@ class GeneticProgramming(Loop):
             self.boundary(f"g{number}")
             started = self.ctx.now()
             parents = self.select(population, number)
-            offspring = self.ctx.step(f"breed:{number}", execution.breed, self.run_id, number,
-                                      [{"version_id": v, "eval_run": self.scores[v]["eval_run"]} for v in parents],
-                                      c["population"])
+            bred = self.ctx.step(f"breed:{number}", execution.breed, self.run_id, number,
+                                 [{"version_id": v, "eval_run": self.scores[v]["eval_run"]} for v in parents],
+                                 c["population"], **reflect_options())
+            offspring = self.bred_offspring(bred)
             for child in offspring:
                 self.made.setdefault(child["version_id"], child)
             new = [child["version_id"] for child in offspring]
@@ -371,14 +389,6 @@ class Reflective(Loop):
                 self.record(len(self.best_history), members, set(candidates), block_start)
                 block, block_start = [], self.ctx.now()
         return reason or f"{iterations} proposals made"
-
-    def reflected_child(self, reflected: dict | None) -> dict | None:
-        """A reflect step's offspring, its rewriter's cost added to the run's spend. A checkpoint written
-        before reflect returned its cost is the offspring's record itself (or None)."""
-        if reflected is None or "child" not in reflected:
-            return reflected
-        self.totals["usd"] += Decimal(reflected["usd"])
-        return reflected["child"]
 
     def try_child(self, child: int, parent: int, iteration: int, iterative: bool) -> bool:
         """Minibatch first (drawn from the search items); all of them only when the child beats its parent there."""

@@ -238,10 +238,19 @@ def initial_population(run_id: int) -> list[dict]:
     return members
 
 
-def breed(run_id: int, generation: int, parents: list[dict], count: int) -> list[dict]:
-    """`count` offspring of the selected parents ({"version_id", "eval_run"}), one draw per
-    child: below the crossover rate a crossover of two parents, below crossover + mutation a mutation,
-    else an immigrant; an offspring identical to an existing version is that version."""
+def breed(run_id: int, generation: int, parents: list[dict], count: int) -> dict:
+    """{"offspring": `count` offspring of the selected parents ({"version_id", "eval_run"}), "usd": what the
+    guided operators' model calls cost}, one draw per child: below the crossover rate a crossover of two
+    parents, below crossover + mutation a mutation, else an immigrant; an offspring identical to an
+    existing version is that version."""
+    from llm.usage import usage_meter
+
+    with usage_meter() as meter:
+        offspring = _breed(run_id, generation, parents, count)
+    return {"offspring": offspring, "usd": f"{meter.total.usd_cost:f}"}
+
+
+def _breed(run_id: int, generation: int, parents: list[dict], count: int) -> list[dict]:
     from evolution import operators
 
     run = EvolutionRun.objects.select_related("workflow", "base_version").get(pk=run_id)
@@ -254,15 +263,15 @@ def breed(run_id: int, generation: int, parents: list[dict], count: int) -> list
         attempts += 1
         draw = rng.random()
         if draw < config["crossover_rate"] and len(pool) >= 2:
-            (a, _), (b, _) = rng.sample(pool, 2)
-            child, parents_used = operators.crossover(a.dsl, b.dsl, rng), [a, b]
+            (a, a_eval), (b, b_eval) = rng.sample(pool, 2)
+            child, parents_used = _crossover(a, a_eval, b, b_eval, rng), [a, b]
         elif draw < config["crossover_rate"] + config["mutation_rate"] or len(pool) < 2:
             parent, eval_run_id = pool[rng.randrange(len(pool))]
             child = operators.mutate(parent.dsl, rng, material=_material(run), weights=config.get("mutation_weights"),
                                      iterative=_iterative_for(run, eval_run_id))
             parents_used = [parent]
         else:
-            child, parents_used = operators.immigrant(run.base_version.dsl, rng, material=_material(run)), []
+            child, parents_used = _immigrant(run, rng), []
         if child is None:
             continue
         out.append(_write(run, child, parents_used, generation))
@@ -301,7 +310,7 @@ def _reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None,
 
     if merge_with is not None:
         father = versions[merge_with["version_id"]]
-        child = operators.crossover(mother.dsl, father.dsl, rng)
+        child = _crossover(mother, parent.get("eval_run"), father, merge_with.get("eval_run"), rng)
         if child is not None:
             record = _write(run, child, [mother, father], iteration)
             if new(record):
@@ -322,8 +331,52 @@ def _reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None,
             record = _write(run, child, [mother], iteration)
             if new(record):
                 return record
-    record = _write(run, operators.immigrant(run.base_version.dsl, rng, material=_material(run)), [], iteration)
+    record = _write(run, _immigrant(run, rng), [], iteration)
     return record if new(record) else None
+
+
+def _crossover(mother: WorkflowVersion, mother_eval: int | None, father: WorkflowVersion, father_eval: int | None,
+               rng):
+    """With a real model (evolution.guided), the parents' prompts merged given the items each won; else, or
+    when the model gave nothing usable, the structural crossover."""
+    from evolution import guided, operators
+
+    model = guided.guide_model(mother.dsl)
+    if model is not None:
+        child = guided.merged_crossover(mother.dsl, father.dsl, _wins(mother_eval, father_eval), model)
+        if child is not None:
+            return child
+    return operators.crossover(mother.dsl, father.dsl, rng)
+
+
+def _immigrant(run: EvolutionRun, rng):
+    """With a real model and a goal, the base's prompts written afresh from the goal; else a structural
+    immigrant."""
+    from evolution import guided, operators
+
+    base = run.base_version.dsl
+    model = guided.guide_model(base)
+    if model is not None and run.goal_text.strip():
+        child = guided.written_immigrant(base, run.goal_text, model)
+        if child is not None:
+            return child
+    return operators.immigrant(base, rng, material=_material(run))
+
+
+def _wins(eval_a: int | None, eval_b: int | None) -> dict[str, list]:
+    """The inputs of the items one eval run scored higher than the other ({"a": ..., "b": ...})."""
+    scores: dict[int, dict[str, float]] = {}
+    inputs: dict[int, object] = {}
+    rows = GoldenResult.objects.filter(eval_run_id__in=[e for e in (eval_a, eval_b) if e], score__isnull=False)
+    for eval_run_id, item_id, score, item_input in rows.values_list("eval_run_id", "golden_item_id", "score",
+                                                                  "golden_item__input").order_by("golden_item_id"):
+        scores.setdefault(item_id, {})["a" if eval_run_id == eval_a else "b"] = score
+        inputs[item_id] = item_input
+    wins: dict[str, list] = {"a": [], "b": []}
+    for item_id, pair in scores.items():
+        if len(pair) == 2 and pair["a"] != pair["b"]:
+            wins["a" if pair["a"] > pair["b"] else "b"].append(inputs[item_id])
+    return wins
 
 
 # ---------------------------------------------------------------------------------------------- records
