@@ -595,14 +595,26 @@ class EvalRunAdmin(NamedObjectMixin, PostActionsMixin, WorkspaceScopedAdmin, Rea
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def run_context(self, request, run: EvalRun) -> dict:
-        results = list(GoldenResult.objects.filter(eval_run=run).select_related("golden_item")
-                       .defer("grades", "reuse_key", "golden_item__metadata", "golden_item__rubric")
+        shown = request.GET.get("results")
+        shown = shown if shown in RESULT_FILTERS else "all"
+        results = GoldenResult.objects.filter(eval_run=run)
+        if shown == "failed":
+            results = results.filter(Q(passed=False) | Q(grading_error=True) | ~Q(error=""))
+        elif shown == "critical":
+            results = results.filter(golden_item__tags__contains=["critical"])
+        results = list(results.select_related("golden_item")
+                       .defer("reuse_key", "golden_item__metadata", "golden_item__rubric")
                        .order_by("golden_item__position", "golden_item_id")[:RESULT_LIMIT + 1])
+        graders = list(dict.fromkeys(entry.get("kind", "") for entry in run.config.get("graders") or []))
+        threshold = run.config.get("threshold")
         can_act = self.has_act_permission(request)
         info = f"{self.opts.app_label}_{self.opts.model_name}"
         return {
-            "histogram_svg": charts.histogram_svg(score_histogram(run), title=f"Scores of eval run {run.pk}"),
-            "results": [result_view(result) for result in results[:RESULT_LIMIT]],
+            "histogram_svg": charts.histogram_svg(score_histogram(run), title=f"Scores of eval run {run.pk}",
+                                                  threshold=threshold if isinstance(threshold, int | float) else None),
+            "results": [result_view(result, graders) for result in results[:RESULT_LIMIT]],
+            "grader_columns": graders, "results_shown": shown,
+            "result_filters": [(choice, label) for choice, label in RESULT_FILTERS.items()],
             "results_truncated": len(results) > RESULT_LIMIT, "result_limit": RESULT_LIMIT,
             "results_url": reverse("admin:evals_goldenresult_changelist") + f"?eval_run__id__exact={run.pk}",
             "compare_url": reverse("admin:evals_goldenset_compare", args=[run.golden_set_id]),
@@ -679,8 +691,11 @@ class EvalRunAdmin(NamedObjectMixin, PostActionsMixin, WorkspaceScopedAdmin, Rea
                                    "ones are cancelled; at most 500 at once).", messages.SUCCESS)
 
 
-def result_view(result: GoldenResult) -> dict:
-    """What the eval run's page shows of one item's result."""
+RESULT_FILTERS = {"all": "All", "failed": "Failed only", "critical": "Critical only"}
+
+
+def result_view(result: GoldenResult, graders: list[str] = ()) -> dict:
+    """What the eval run's page shows of one item's result (with the score each of `graders` gave it)."""
     item = result.golden_item
     text, full = input_text(item.input), item_text(item.input)
     return {
@@ -693,6 +708,7 @@ def result_view(result: GoldenResult) -> dict:
         "actual": clipped(result.actual_output), "actual_excerpt": excerpt(result.actual_output, EXCERPT),
         "actual_long": len(result.actual_output) > LONG_TEXT,
         "score": score_text(result.score), "passed": result.passed, "grader": result.grader,
+        "grades": [_grade_text(result.grades, kind) for kind in graders],
         "rationale": clipped(result.grading_rationale), "rationale_excerpt": excerpt(result.grading_rationale, EXCERPT),
         "rationale_long": len(result.grading_rationale) > EXCERPT,
         "error": result.error, "grading_error": result.grading_error,
@@ -703,6 +719,14 @@ def result_view(result: GoldenResult) -> dict:
         "invocation": result.workflow_invocation_id,
         "reused": result.reused_from_id is not None, "reused_from": result.reused_from_id,
     }
+
+
+def _grade_text(grades, kind: str) -> str:
+    """The score the first grade of `kind` gave ("error" for a grading error, "-" when none graded)."""
+    for grade in grades if isinstance(grades, list) else ():
+        if isinstance(grade, dict) and grade.get("kind") == kind:
+            return "error" if grade.get("error") else score_text(grade.get("score"))
+    return "-"
 
 
 # ------------------------------------------------------------------------------ results and promotions

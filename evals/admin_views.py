@@ -21,7 +21,7 @@ from django.utils.html import format_html
 
 from config.display import score as score_text
 from evals import charts, importing
-from evals.models import EvalRun, GoldenItem, GoldenSet
+from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
 from evals.services import (
     EvalError,
     PromotionRefused,
@@ -34,7 +34,7 @@ from evals.services import (
 from workflows.admin import excerpt
 from workflows.execution import input_text
 from workflows.models import Workflow, WorkflowVersion
-from workflows.selectors import rollback_target
+from workflows.selectors import rollback_target, version_diff
 
 VERSION_CHOICES = 200  # versions offered to run or compare
 EXCERPT = 120  # inputs and rationales longer than an excerpt start collapsed
@@ -237,6 +237,9 @@ class GoldenSetViews:
         items = {item.pk: item for item in GoldenItem.objects.filter(golden_set=golden_set)
                  .only("pk", "position", "input", "expected_output", "tags")}
         regressed = {row["item"] for row in evidence["critical_regressions"]}
+        outputs = {(run_id, item_id): text for run_id, item_id, text in GoldenResult.objects.filter(
+            eval_run_id__in=[evidence["eval_run_a"], evidence["eval_run_b"]])
+            .values_list("eval_run_id", "golden_item_id", "actual_output")}
         rows = []
         for entry in evidence["items"]:
             item = items.get(entry["item"])
@@ -249,8 +252,12 @@ class GoldenSetViews:
                 "diff": "-" if diff is None else f"{diff:+.3f}",
                 "direction": "" if diff is None else "up" if diff > 0 else "down" if diff < 0 else "same",
                 "regression": entry["item"] in regressed, "paired": diff is not None,
+                "output_a": output_view(outputs.get((evidence["eval_run_a"], entry["item"]))),
+                "output_b": output_view(outputs.get((evidence["eval_run_b"], entry["item"]))),
             })
+            rows[-1]["outputs"] = [(rows[-1]["output_a"], "a"), (rows[-1]["output_b"], "b")]
         comparison = evidence["comparison"]
+        changes = version_diff(a, b)
         chart = charts.paired_svg(
             [{"label": f"#{row['position']} {row['input']}", "a": entry["a"], "b": entry["b"],
               "critical_regression": row["regression"]} for row, entry in zip(rows, evidence["items"], strict=True)],
@@ -264,6 +271,7 @@ class GoldenSetViews:
         info = "admin:evals_goldenset"
         return {
             "evidence": evidence, "comparison": comparison, "rows": rows, "chart_svg": chart,
+            "version_diff": changes, "node_changes": node_changes(changes),
             "stats": {"mean_a": score_text(comparison["mean_a"]), "mean_b": score_text(comparison["mean_b"]),
                       "mean_diff": signed_text(comparison["mean_diff"]), "p": p_text(comparison["p_value"]),
                       "ci": f"{signed_text(comparison['ci_low'])} to {signed_text(comparison['ci_high'])}"},
@@ -356,6 +364,34 @@ class GoldenSetViews:
             labels.get(promotion.previous_version_id, "no active version"),
             reverse("admin:evals_promotion_change", args=[promotion.pk])), messages.SUCCESS)
         return self._back_to_compare(request, golden_set)
+
+
+def output_view(text: str | None) -> dict:
+    """An item's answer on the compare page: collapsed past an excerpt (None: that side has no result)."""
+    text = text or ""
+    return {"text": text, "excerpt": excerpt(text, EXCERPT), "long": len(text) > EXCERPT}
+
+
+def node_changes(changes: dict) -> list[dict]:
+    """The nodes that differ between the compared versions: how, which fields, their prompt's diff."""
+    return [{"node": node_id, "change": change["change"], "fields": change.get("fields", []),
+             "lines": diff_lines(change.get("prompt_diff", []))}
+            for node_id, change in changes["nodes"].items() if change["change"] != "same"]
+
+
+def diff_lines(lines: list[str]) -> list[tuple[str, str]]:
+    """A unified diff's lines with the class that colours them (added, removed, hunk header, context)."""
+    kinds = []
+    for line in lines:
+        if line.startswith(("+++", "---")):
+            kinds.append(("ev-diff-hunk", line))
+        elif line.startswith("+"):
+            kinds.append(("ev-diff-add", line))
+        elif line.startswith("-"):
+            kinds.append(("ev-diff-del", line))
+        else:
+            kinds.append(("ev-diff-hunk" if line.startswith("@@") else "", line))
+    return kinds
 
 
 def previous_label(version) -> str:

@@ -26,6 +26,7 @@ from config.svg import (
     GREEN,
     GREY,
     GRID,
+    INK,
     MUTED,
     RED,
     clip,
@@ -47,8 +48,9 @@ HIST_W, HIST_H = 600, 280
 HIST_LEFT, HIST_RIGHT, HIST_TOP, HIST_BOTTOM = 56, 18, 22, 56
 
 
-def histogram_svg(bins: list[dict], *, title: str = "Score histogram") -> SafeString:
-    """Bars of `bins` ([{"low", "high", "count"}], as evals.selectors.score_histogram returns them)."""
+def histogram_svg(bins: list[dict], *, title: str = "Score histogram", threshold: float | None = None) -> SafeString:
+    """Bars of `bins` ([{"low", "high", "count"}], as evals.selectors.score_histogram returns them, equal bins
+    over 0..1), with `threshold` (a set's pass threshold) as a dashed line labelled "pass ≥ t"."""
     plot_w = HIST_W - HIST_LEFT - HIST_RIGHT
     plot_h = HIST_H - HIST_TOP - HIST_BOTTOM
     bottom = HIST_TOP + plot_h
@@ -79,6 +81,13 @@ def histogram_svg(bins: list[dict], *, title: str = "Score histogram") -> SafeSt
     edges = [entry["low"] for entry in bins] + ([bins[-1]["high"]] if bins else [])
     parts.append(x_axis("ev", [(HIST_LEFT + index * slot, number(edge)) for index, edge in enumerate(edges)],
                         left=HIST_LEFT, right=HIST_LEFT + plot_w, bottom=bottom, title="score", title_y=HIST_H - 12))
+    if threshold is not None and 0 <= threshold <= 1:
+        x = HIST_LEFT + plot_w * threshold
+        parts.append(f'<g class="ev-threshold-mark"><title>items scoring {number(threshold)} or more pass</title>'
+                     f'<line class="ev-threshold" x1="{x:.1f}" y1="{HIST_TOP - 6:.1f}" x2="{x:.1f}" y2="{bottom:.1f}" '
+                     f'stroke="{INK}" stroke-width="1.5" stroke-dasharray="5 3"/>'
+                     f'<text x="{x + 4:.1f}" y="{HIST_TOP + 4:.1f}" font-size="11" fill="{INK}">'
+                     f'pass ≥ {number(threshold)}</text></g>')
     if not total:
         parts.append(f'<text x="{HIST_LEFT + plot_w / 2:.1f}" y="{HIST_TOP + plot_h / 2:.1f}" text-anchor="middle" '
                      f'font-size="13" fill="{MUTED}">no scored items</text>')

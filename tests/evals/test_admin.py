@@ -1048,3 +1048,58 @@ def test_change_pages_query_count_does_not_grow_with_items_or_results(staff_clie
         count_queries(staff_client, url)
     assert ([count_queries(staff_client, url) for url in pages(large, a2, b2)]
             == [count_queries(staff_client, url) for url in pages(small, a, b)])
+
+
+def test_the_histogram_draws_the_pass_threshold():
+    bins = [{"low": i / 10, "high": (i + 1) / 10, "count": 1} for i in range(10)]
+    svg = str(charts.histogram_svg(bins, threshold=0.7))
+    (line,) = re.findall(r'<line class="ev-threshold" x1="([\d.]+)" y1="[\d.]+" x2="([\d.]+)"', svg)
+    bars = re.findall(r'class="ev-hist-bar" data-low="([\d.]+)" data-high="[\d.]+" data-count="\d+" x="([\d.]+)"', svg)
+    x_of = {low: float(x) for low, x in bars}
+    assert line[0] == line[1] and x_of["0.6"] < float(line[0]) < x_of["0.8"]  # at the 0.7 edge
+    assert "pass ≥ 0.7" in svg
+    assert 'class="ev-threshold"' not in str(charts.histogram_svg(bins))
+
+
+def test_eval_run_page_has_a_column_per_grader_the_threshold_and_failed_or_critical_filters(staff_client, evaluated):
+    run = evaluated["base_run"]
+    html = staff_client.get(change_url("evalrun", run.pk)).content.decode()
+    assert 'class="ev-threshold"' in html and "pass ≥ 0.7" in html
+    assert '<th class="ev-grader-col">contains</th>' in html and '<th class="ev-grader-col">token_f1</th>' in html
+    stored = {r.golden_item_id: r for r in GoldenResult.objects.filter(eval_run=run)}
+    response = staff_client.get(change_url("evalrun", run.pk))
+    for row in response.context["results"]:
+        grades = {grade["kind"]: grade["score"] for grade in stored[row["item"]].grades}
+        assert [cell for cell in row["grades"]] == [f"{grades['contains']:.3f}", f"{grades['token_f1']:.3f}"]
+    assert all(r.passed is False for r in stored.values())  # the base fails every item
+    failed = {r.golden_item_id for r in GoldenResult.objects.filter(eval_run=evaluated["better_run"])
+              if r.passed is False or r.error}
+    critical = set(evaluated["set"].items.filter(tags__contains=["critical"]).values_list("pk", flat=True))
+    assert critical and failed != set(stored)
+    for choice, expected in (("failed", failed), ("critical", critical), ("all", set(stored))):
+        response = staff_client.get(change_url("evalrun", evaluated["better_run"].pk) + f"?results={choice}")
+        assert {row["item"] for row in response.context["results"]} == expected, choice
+        assert f'<a class="ev-filter ev-filter-on" href="?results={choice}">' in response.content.decode()
+    response = staff_client.get(change_url("evalrun", run.pk) + "?results=<script>")
+    assert response.status_code == 200 and {row["item"] for row in response.context["results"]} == set(stored)
+    assert "<script>" not in response.content.decode().split('id="ev-result-filters"')[1][:400]
+
+
+def test_compare_page_shows_both_outputs_per_item_and_the_prompt_diff(staff_client, evaluated):
+    golden_set, base, better = evaluated["set"], evaluated["base"], evaluated["better"]
+    response = staff_client.get(compare_url(golden_set, base, better))
+    html = response.content.decode()
+    outputs_a = dict(GoldenResult.objects.filter(eval_run=evaluated["base_run"])
+                     .values_list("golden_item", "actual_output"))
+    outputs_b = dict(GoldenResult.objects.filter(eval_run=evaluated["better_run"])
+                     .values_list("golden_item", "actual_output"))
+    assert outputs_a != outputs_b
+    for row in response.context["rows"]:
+        assert row["output_a"]["text"] == outputs_a[row["item"]] and row["output_b"]["text"] == outputs_b[row["item"]]
+    assert html.count('class="ev-text ev-out-a"') == 6 and html.count('class="ev-text ev-out-b"') == 6
+    diff = response.context["version_diff"]
+    assert diff["nodes"]["agent"]["change"] == "changed" and "systemPrompt" in diff["nodes"]["agent"]["fields"]
+    assert 'id="ev-prompt-diff"' in html
+    assert '<span class="ev-diff-add">+You are a helpful support agent. Call knowledge_search before answering.' in html
+    assert '<span class="ev-diff-del">-You are a helpful support agent.</span>' in html
+    assert "codeTools" in html  # the other fields that changed are named

@@ -76,8 +76,19 @@ def test_operator_compares_two_versions_and_promotes_the_better_one(live_server,
     assert histogram.locator("rect.ev-hist-bar").count() == 10
     assert sum(int(histogram.locator("rect.ev-hist-bar").nth(i).get_attribute("data-count")) for i in range(10)) == 6
     assert page.locator("#ev-results-table tbody tr").count() == 6
+    assert histogram.locator("line.ev-threshold").count() == 1
+    assert page.locator("#ev-results-table th.ev-grader-col").count() >= 1
     page.screenshot(path=str(tmp_path / "eval-run.png"), full_page=True)
     assert_fits_the_screen(page)
+    # its filters: critical items only, then back to all
+    page.click("#ev-result-filters a:has-text('Critical only')")
+    page.locator("#ev-result-filters a.ev-filter-on:has-text('Critical only')").wait_for()
+    critical = scene["set"].items.filter(tags__contains=["critical"]).count()
+    assert page.locator("#ev-results-table tbody tr").count() == critical
+    page.screenshot(path=str(tmp_path / "eval-run-critical.png"), full_page=True)
+    page.click("#ev-result-filters a:has-text('All')")
+    page.locator("#ev-result-filters a.ev-filter-on:has-text('All')").wait_for()
+    assert page.locator("#ev-results-table tbody tr").count() == 6
 
     # the compare page: both scores of every item, the verdict, the chart
     base, better = scene["base"], scene["better"]
@@ -104,6 +115,9 @@ def test_operator_compares_two_versions_and_promotes_the_better_one(live_server,
     assert box["width"] >= 500 and box["height"] >= 300
     lines = [pairs.nth(i).locator("line").bounding_box() for i in range(pairs.count())]
     assert all(line["width"] > 200 for line in lines)  # each joins the a axis to the b axis
+    # both answers of every item, and what changed between the versions
+    assert table.locator("td.ev-out-a").count() == 6 and table.locator("td.ev-out-b").count() == 6
+    assert page.locator("#ev-prompt-diff .ev-diff-add").count() >= 1
     page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
     assert_fits_the_screen(page)
 
