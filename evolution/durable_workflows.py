@@ -45,6 +45,7 @@ from decimal import Decimal
 
 from django.conf import settings
 
+from config.display import usd
 from durable import Child, workflow
 from durable.owners import begin_row, fail_row
 from evals.durable_workflows import EVAL_WORKFLOW
@@ -211,7 +212,7 @@ class Loop:
         return f"{max(budget - self.totals['usd'], Decimal(0)) / count:f}"
 
     def budget_reason(self) -> str:
-        return f"USD budget reached (${self.totals['usd']:.4f} of ${self.config['usd_budget']})"
+        return f"USD budget reached ({usd(self.totals['usd'])} of {usd(self.config['usd_budget'])})"
 
     def stop_reason(self) -> str:
         c = self.config

@@ -2,6 +2,7 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
+from config import display
 from durable.management.commands.durable import table
 from evals.selectors import golden_set_lookup
 from evals.services import EvalError, compare_versions
@@ -40,7 +41,8 @@ class Command(BaseCommand):
         if c["mean_diff"] is None:
             self.stdout.write("not enough paired items to compare")
             return
-        self.stdout.write(f"paired items: {c['n']}; mean a {c['mean_a']:.3f}, mean b {c['mean_b']:.3f}")
+        self.stdout.write(f"paired items: {c['n']}; mean a {display.score(c['mean_a'])}, "
+                          f"mean b {display.score(c['mean_b'])}")
         self.stdout.write(f"mean difference b - a: {c['mean_diff']:+.3f} (95% interval {c['ci_low']:+.3f} to "
                           f"{c['ci_high']:+.3f})")
         self.stdout.write(f"Wilcoxon signed-rank p = {c['p_value']:.4g} (alpha {c['alpha']})")

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Max, Q
 from kombu.exceptions import KombuError
 
+from config import display
 from durable.management.commands.durable import table
 from evals.models import EvalRun, GoldenResult
 from evals.selectors import golden_set_lookup, score_histogram
@@ -137,7 +138,7 @@ class Command(BaseCommand):
         for result in GoldenResult.objects.filter(eval_run=run).select_related("golden_item"):
             question = result.golden_item.input
             question = question.get("text", question) if isinstance(question, dict) else question
-            score = "error" if result.score is None else f"{result.score:.2f}"
+            score = "error" if result.score is None else display.score(result.score)
             rows.append([result.golden_item.position, str(question)[:48], score,
                          "pass" if result.passed else ("-" if result.passed is None else "fail"),
                          result.grader[:32], "reused" if result.reused_from_id else ""])
@@ -147,14 +148,15 @@ class Command(BaseCommand):
         bins = score_histogram(run, bins=5)
         self.stdout.write("scores: " + "  ".join(f"{b['low']:.1f}-{b['high']:.1f}: {b['count']}" for b in bins))
         summary = [
-            ["average score", "-" if run.avg_score is None else f"{run.avg_score:.3f}"],
-            ["pass rate", "-" if run.pass_rate is None else f"{run.pass_rate:.0%} (threshold "
+            ["average score", display.score(run.avg_score)],
+            ["pass rate", "-" if run.pass_rate is None else f"{display.percent(run.pass_rate)} (threshold "
                                                               f"{run.config.get('threshold')})"],
             ["fitness", "-" if run.fitness is None else f"{run.fitness:.2f} / 100"],
             ["items", f"{run.items_done} ({run.items_reused} reused, {run.grading_errors} grading errors)"],
-            ["cost", f"${run.usd_cost:.6f} (paid now ${run.paid_usd:.6f}, judge ${run.judge_usd:.6f})"],
+            ["cost", f"{display.usd(run.usd_cost)} (paid now {display.usd(run.paid_usd)}, "
+                     f"judge {display.usd(run.judge_usd)})"],
             ["latency p50 / p95", "-" if run.latency_p50_ms is None
-             else f"{run.latency_p50_ms:.0f} / {run.latency_p95_ms:.0f} ms"],
+             else f"{display.seconds(run.latency_p50_ms / 1000)} / {display.seconds(run.latency_p95_ms / 1000)}"],
         ]
         self.stdout.write(table(["", ""], summary))
         sys.stdout.flush()

@@ -4,6 +4,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
+from config import display
 from evals.selectors import golden_set_lookup
 from evolution.models import EvolutionRun, Generation
 from evolution.selectors import best_lineage
@@ -136,7 +137,7 @@ class Command(BaseCommand):
                if s.get("run_best_validation_fitness") is not None else "")
             + (f" ({improvement:+.2f})" if improvement else "")
             + f"  | evaluations {s.get('run_evaluations', 0)}, rollouts {s.get('run_rollouts', 0)}, "
-              f"cache hits {s.get('run_cache_hits', 0)}, spent ${float(s.get('run_usd', 0)):.4f}")
+              f"cache hits {s.get('run_cache_hits', 0)}, spent {display.usd(s.get('run_usd', 0))}")
 
     def _summary(self, run: EvolutionRun) -> None:
         self.stdout.write("")
@@ -146,7 +147,7 @@ class Command(BaseCommand):
             f"stopped: {run.stop_reason}. Best version {run.best_version_id}: fitness {run.best_fitness:.2f} on the "
             f"{searched} (base {run.base_fitness:.2f}" + (f", {lift:+.1%}" if lift is not None else "") + ")"))
         self.stdout.write(f"{run.evaluations} evaluations, {run.rollouts} item rollouts, {run.cache_hits} cache hits, "
-                          f"${run.usd_cost:.4f}")
+                          f"{display.usd(run.usd_cost)}")
         self._report(run.report or {})
         steps = best_lineage(run)
         if len(steps) > 1:
