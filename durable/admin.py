@@ -403,7 +403,7 @@ class DurableRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
         return format_html_join(" ", '<a class="durable-tag" href="{}?tag={}&amp;children=show">{}</a>',
                                 ((CHANGELIST, quote_param(tag), tag) for tag in run.tags))
 
-    def _moment(field: str, description: str):
+    def _moment(field: str, description: str):  # pyright: ignore[reportSelfClsParameterName]: run in the class body, it makes methods
         @admin.display(description=description, ordering=field)
         def show(self, run):
             value = getattr(run, field)
@@ -455,10 +455,11 @@ class DurableRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
         except services.RunNotFound:
             entries = []
         for entry in entries:
-            entry.output_text = UNDECODABLE if "output" in entry.undecodable else (
+            entry.output_text = UNDECODABLE if "output" in entry.undecodable else (  # pyright: ignore[reportAttributeAccessIssue]: the page's text, on the entry it draws
                 pretty_json(entry.output) if entry.output is not None else "")
-            entry.error_html = error_html(entry.error, undecodable="error" in entry.undecodable) \
-                if entry.error is not None or "error" in entry.undecodable else ""
+            entry.error_html = (  # pyright: ignore[reportAttributeAccessIssue]: the page's text, on the entry it draws
+                error_html(entry.error, undecodable="error" in entry.undecodable)
+                if entry.error is not None or "error" in entry.undecodable else "")
         children = list(self.scope(request, DurableRun.objects.filter(parent_id=run.id)).order_by("created_at", "id")
                         .values_list("id", "workflow", "status")[:CHILDREN_LIMIT + 1])
         attributes = [(key, shown, f"{CHANGELIST}?attr={quote_param(f'{key}:eq:{shown}')}&children=show")

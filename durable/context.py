@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 import psycopg
 from django.db import DatabaseError, DataError, connection, transaction
@@ -51,6 +52,8 @@ from durable.leases import lease_keeper
 from durable.registry import callable_path, get_workflow
 from durable.settings import durable_settings
 from durable.states import RunStatus, StepStatus
+
+_Exc = TypeVar("_Exc", bound=BaseException)
 
 # ------------------------------------------------------------------------------------------ specs
 
@@ -112,7 +115,7 @@ _NO_RETRIES = {"retries": 0}
 def step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout) -> dict:
     if backoff not in ("fixed", "exponential"):
         raise ValueError(f"backoff must be 'fixed' or 'exponential', not {backoff!r}")
-    options = {"retries": int(retries)}
+    options: dict = {"retries": int(retries)}
     if retries:
         options.update(backoff=backoff, backoff_base=backoff_base, backoff_cap=backoff_cap, jitter=jitter)
     if timeout is not None:
@@ -132,7 +135,7 @@ def _user_error(exc: BaseException) -> BaseException:
     # an exception raised by the workflow's own function, passing through a ctx call: never
     # mistaken for a failed engine write, whatever its type
     with contextlib.suppress(AttributeError):
-        exc._durable_user_error = True
+        exc._durable_user_error = True  # pyright: ignore[reportAttributeAccessIssue]: a mark on this exception object, read with getattr
     return exc
 
 
@@ -257,8 +260,8 @@ class Context:
         """Join the turn's open transaction, opening it when there is none; True when it was opened now."""
         if self._open is not None:
             return False
-        self._open = transaction.atomic()
-        self._open.__enter__()
+        self._open = opened = transaction.atomic()
+        opened.__enter__()
         return True
 
     def commit_open(self) -> None:
@@ -274,7 +277,7 @@ class Context:
             with contextlib.suppress(DatabaseError, psycopg.Error):  # a broken connection rolls back by itself
                 opened.__exit__(_Aborted, _Aborted(), None)
 
-    def _stop(self, exc: BaseException) -> BaseException:
+    def _stop(self, exc: _Exc) -> _Exc:
         if self._stopped is None:
             self._stopped = exc
         return exc
@@ -316,7 +319,7 @@ class Context:
     def _settle(self, seq: int, status: str, **fields) -> bool:
         return store.checkpoint_settle(run_id=self.run_id, token=self.token, seq=seq, status=status, **fields)
 
-    def _row(self, checkpoint: _Checkpoint, column: str):
+    def _row(self, checkpoint: _Checkpoint, column: str) -> Any:
         return decode(getattr(checkpoint, column), column=f"checkpoint.{column}", row=f"{self.run_id}#{checkpoint.seq}")
 
     def _failed(self, checkpoint: _Checkpoint, cls=StepFailed) -> StepFailed:

@@ -2,6 +2,7 @@
 
 import hashlib
 
+from durable.context import Context
 from durable.engine import Step
 from durable.registry import workflow
 
@@ -15,7 +16,7 @@ def word_count(text: str) -> int:
 
 
 @workflow("durable.demo.digest", api=True)
-def digest(ctx, input):
+def digest(ctx: Context, input):
     """Checksum and count words of a few texts in parallel, pause, then summarise. Every input key is
     optional, and so is the input itself (`durable start durable.demo.digest` sends none)."""
     input = input or {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
+from typing import Any
 
 from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
@@ -77,7 +78,7 @@ def workflow_names() -> list[str]:
 def resolve_callable(path: str) -> Callable:
     """Import `module:qualname` (a queued step's function)."""
     module_name, _, qualname = path.partition(":")
-    target = import_module(module_name)
+    target: Any = import_module(module_name)
     for part in qualname.split("."):
         target = getattr(target, part)
     return target

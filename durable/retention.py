@@ -61,6 +61,7 @@ def apply_policy(policy: dict, *, max_chunks: int = 20) -> int:
     statuses, age, count, workflow = policy_validate(policy)
     deleted = 0
     for _ in range(max_chunks):
+        params: list
         conditions, params = ["status = ANY(%s)"], [statuses]
         if workflow:
             conditions.append("workflow = %s")

@@ -6,14 +6,16 @@ registry is ready (``durable`` itself is imported while the apps load)."""
 from django.db import models
 
 
+# labels are Django's default, the name in title case: a bare value is what a type checker without Django's
+# types reads as the str it is (a (value, label) pair reads as a tuple)
 class RunStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    RUNNING = "running", "Running"
-    SUSPENDED = "suspended", "Suspended"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
-    DEAD = "dead", "Dead"
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    DEAD = "dead"
 
 
 RunStatus.TERMINAL = frozenset({"completed", "failed", "cancelled", "dead"})
@@ -22,11 +24,11 @@ RunStatus.RETRYABLE = frozenset({"failed", "cancelled", "dead"})
 
 
 class StepStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    RUNNING = "running", "Running"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"  # still open when its run ended
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # still open when its run ended
 
 
 StepStatus.OPEN = frozenset({"pending", "running"})

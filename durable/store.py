@@ -76,13 +76,13 @@ def execute_prepared(cursor: psycopg.Cursor, sql: str, params) -> psycopg.Cursor
     as the pool keeps it (every claim of every turn). So then they are deallocated (psycopg clears its own
     cache when it sees DEALLOCATE ALL) and the statement runs once more, prepared afresh."""
     try:
-        return cursor.execute(sql, params, prepare=True)
+        return cursor.execute(sql, params, prepare=True)  # pyright: ignore[reportArgumentType]: the engine's own statements, never built from input
     except psycopg.errors.FeatureNotSupported as exc:
         idle = cursor.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         if not idle or "cached plan must not change result type" not in str(exc):
             raise
         cursor.connection.execute("DEALLOCATE ALL")
-        return cursor.execute(sql, params, prepare=True)
+        return cursor.execute(sql, params, prepare=True)  # pyright: ignore[reportArgumentType]: as above
 
 
 # ---------------------------------------------------------------------------------------- creation

@@ -156,6 +156,7 @@ def _finish(run_id: str, token: str, status: str, *, output=None, encoded_output
             error: dict | None = None, has_parent: bool = True, ctx: Context | None = None) -> TurnResult:
     open_work = ctx is not None and ctx.has_open_work
     if open_work:
+        assert ctx is not None
         # its end locks the run's descendants before the run (the lock order): nothing of the run may be held yet
         ctx.commit_open()
     row = store.run_finish(run_id, token, status, output_text=encoded_output if encoded_output is not None else "",

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import contextlib
 from decimal import Decimal
+from typing import NotRequired, TypedDict, cast
 
-from durable import Child, ChildFailed, StepFailed, workflow
+from durable import Child, ChildFailed, Context, StepFailed, workflow
 from durable.owners import begin_row, fail_row, join_row
 from evals import execution
 from evals.models import EvalRun
@@ -30,17 +31,30 @@ EVAL_WORKFLOW = "evals.run"
 LANE_WORKFLOW = "evals.lane"
 
 
+class LaneInput(TypedDict):
+    eval_run_id: int
+    items: list[int]  # in order
+    keys: dict[str, str]  # item id -> reuse key
+    run_usd_budget: str | None
+
+
+class LaneResult(TypedDict):
+    items: NotRequired[int]  # all run
+    budget_spent: NotRequired[str]  # why the items left were not started
+
+
 class BudgetSpent(Exception):
     """The eval run's own USD budget is spent: the items left are not started."""
 
 
 @workflow(EVAL_WORKFLOW)  # started by evals.services.eval_run_start only
-def eval_run(ctx, input: dict) -> dict:
+def eval_run(ctx: Context, input: dict) -> dict:
     """Input: {"eval_run_id": int}."""
     eval_run_id = int(input["eval_run_id"])
     plan = begin_row(ctx, EvalRun, eval_run_id)
     if "ended" in plan:
         return {"status": plan["ended"]}
+    plan = cast(execution.EvalPlan, plan)  # begin's plan, once not ended
     try:
         pending = plan["pending"]
         lanes = min(max(1, plan["concurrency"]), len(pending))
@@ -62,13 +76,13 @@ def eval_run(ctx, input: dict) -> dict:
     return summary
 
 
-def lane_input(eval_run_id: int, plan: dict, items: list[int]) -> dict:
+def lane_input(eval_run_id: int, plan: execution.EvalPlan, items: list[int]) -> LaneInput:
     return {"eval_run_id": eval_run_id, "items": items, "keys": {str(item): plan["keys"][str(item)] for item in items},
             "run_usd_budget": plan.get("run_usd_budget")}
 
 
 @workflow(LANE_WORKFLOW)  # started by evals.run only, as its child
-def eval_lane(ctx, input: dict) -> dict:
+def eval_lane(ctx: Context, input: LaneInput) -> LaneResult:
     """Input: {"eval_run_id", "items": [item ids, in order], "keys": {item: reuse key}, "run_usd_budget"}.
     Invokes and grades the items one after the other; stops before an item once the run's own
     budget is spent, returning {"budget_spent": why}. A lane retried on its own after its run ended
@@ -94,12 +108,13 @@ def eval_lane(ctx, input: dict) -> dict:
     return {"items": len(items)}
 
 
-def grade_item(ctx, eval_run_id: int, item: int, invocation_id: int, key: str) -> None:
+def grade_item(ctx: Context, eval_run_id: int, item: int, invocation_id: int, key: str) -> None:
     """Grade one item in a step; while the grading needs one more judge answer, make that call in a
     step of its own and grade again with every answer so far (a judge's step that failed is an
     answer too: the call's error, so a grading error of this item, not a failed lane)."""
-    judged: list[dict] = []
+    judged: list[execution.JudgeAnswer] = []
     args = (eval_run_id, item, invocation_id, key)
+    outcome: execution.GradeOutcome
     outcome = ctx.step(f"grade:{item}", execution.eval_grade_item, *args, [])
     while "judge" in outcome:
         name = f"judge:{item}:{len(judged)}"
@@ -115,9 +130,10 @@ REEVALUATE_WORKFLOW = "evals.reevaluate"
 
 
 @workflow(REEVALUATE_WORKFLOW)  # started by its schedule (evals.services.reevaluation_schedule_save)
-def reevaluate(ctx, input: dict | None = None) -> dict:
+def reevaluate(ctx: Context, input: dict | None = None) -> dict:
     """Re-evaluate the active version of every golden set's workflow in the run's workspace (each
     an eval run, as a child run) and flag each that dropped significantly since its previous run."""
+    created: execution.ReevaluationRuns
     created = ctx.transaction("runs", execution.reevaluation_runs_create, ctx.namespace, ctx.run_id)
     runs = created["runs"]
     ctx.all([Child(EVAL_WORKFLOW, {"eval_run_id": run_id}, name=f"eval:{run_id}") for run_id in runs],

@@ -11,6 +11,7 @@ import hashlib
 import json
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import NotRequired, TypedDict
 
 from django.db import transaction
 from django.db.models import Sum
@@ -55,7 +56,17 @@ def output_text(output) -> str:
     return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
 
 
-def eval_plan(run: EvalRun) -> dict:
+class EvalPlan(TypedDict):
+    """What an eval run reads of its row, from the checkpoint of its `begin` step."""
+
+    pending: list[int]  # the items left to run, in the set's order
+    keys: dict[str, str]  # item id -> reuse key
+    concurrency: int
+    reused: int
+    run_usd_budget: str | None  # Decimal as text
+
+
+def eval_plan(run: EvalRun) -> EvalPlan:
     """An eval run that begins (durable.owners.begin calls it, the row locked and marked running):
     record the results it reuses and return the items left to run."""
     items = GoldenItem.objects.filter(golden_set_id=run.golden_set_id)
@@ -124,7 +135,7 @@ class EvalRunEnded(Exception):
     is checkpointed, so the lane fails (retryable) and a retry of its eval run runs the item after all."""
 
 
-def eval_invocations_create(eval_run_id: int, item_ids: list[int], lane_run_id: str) -> dict:
+def eval_invocations_create(eval_run_id: int, item_ids: list[int], lane_run_id: str) -> dict[str, int]:
     """The invocations of items (run in a ``ctx.transaction``: created exactly once), each naming
     the lane that writes it as its parent (the run that starts the item's run: its end, before the
     item's run began, is the reconcile's sign that nothing will). Returns {item id: invocation id}.
@@ -135,7 +146,7 @@ def eval_invocations_create(eval_run_id: int, item_ids: list[int], lane_run_id: 
     if run.durable_run is not None and run.durable_run.status not in RunStatus.ACTIVE:
         raise EvalRunEnded(f"eval run {eval_run_id} {run.durable_run.status}: retry the eval run, not its lane")
     items = GoldenItem.objects.in_bulk(item_ids)
-    out = {}
+    out: dict[str, int] = {}
     for item_id in item_ids:
         invocation = WorkflowInvocation.objects.create(
             workspace_id=run.workspace_id, workflow_version=run.workflow_version, input=items[item_id].input,
@@ -145,8 +156,15 @@ def eval_invocations_create(eval_run_id: int, item_ids: list[int], lane_run_id: 
     return out
 
 
+class GradeOutcome(TypedDict, total=False):
+    """An item graded ({"score"}), or the judge's call its grading needs first ({"judge": request})."""
+
+    score: float | None
+    judge: dict  # a ChatRequest's fields
+
+
 def eval_grade_item(eval_run_id: int, item_id: int, invocation_id: int, key: str,
-                    judged: list[dict] | None = None) -> dict:
+                    judged: list[JudgeAnswer] | None = None) -> GradeOutcome:
     """Grade one item's invocation and append its result. A failed invocation scores 0 (the
     version's failure); a grader that could not grade leaves the score empty (a grading error).
     The judge is answered from `judged` (what judge_call returned for its calls so far, in order):
@@ -192,7 +210,18 @@ def eval_grade_item(eval_run_id: int, item_id: int, invocation_id: int, key: str
     return {"score": result.score}
 
 
-def judge_call(request: dict, caller: str = "") -> dict:
+class JudgeResponse(TypedDict):
+    response: dict  # ChatResponse.as_dict()
+
+
+class JudgeFailure(TypedDict):
+    error: str
+
+
+JudgeAnswer = JudgeResponse | JudgeFailure  # one call of the judge, as its step recorded it
+
+
+def judge_call(request: dict, caller: str = "") -> JudgeAnswer:
     """One call of the judge (`request` as eval_grade_item asked for it), made in a step of its own: a
     grading redone after a crash is answered from its checkpoint and never pays the judge twice.
     Returns {"response": ChatResponse.as_dict()} or, the call failing, {"error": why}.
@@ -216,7 +245,7 @@ def judge_call(request: dict, caller: str = "") -> dict:
     return {"response": response.as_dict()}
 
 
-def _recorded_judge(answers: list[dict]):
+def _recorded_judge(answers: list[JudgeAnswer]):
     """A judge for ``grade`` answering from the recorded calls, in order; past them, JudgePending."""
     from evals.graders import JudgePending
     from llm.errors import ChatError
@@ -286,7 +315,12 @@ def eval_finish(eval_run_id: int) -> dict:
             "items": len(results), "grading_errors": fields["grading_errors"]}
 
 
-def reevaluation_runs_create(namespace: str, parent_run_id: str | None = None) -> dict:
+class ReevaluationRuns(TypedDict):
+    runs: list[int]  # the eval runs created
+    skipped: list[str]  # why a golden set has none
+
+
+def reevaluation_runs_create(namespace: str, parent_run_id: str | None = None) -> ReevaluationRuns:
     """The eval runs of a scheduled re-evaluation (in a ``ctx.transaction``: created once): one per
     golden set of the namespace's workspace whose workflow has an active version that can run here,
     results not reused (the point is to see drift), each naming `parent_run_id` (the re-evaluation's
@@ -295,7 +329,8 @@ def reevaluation_runs_create(namespace: str, parent_run_id: str | None = None) -
     from evals.services import EvalError, eval_run_prepare
     from workflows.models import WorkflowVersion
 
-    runs, skipped = [], []
+    runs: list[int] = []
+    skipped: list[str] = []
     sets = GoldenSet.objects.filter(workspace_id=Workspace.id_of_namespace(namespace), workflow__isnull=False)
     for golden in sets.select_related("workspace").order_by("pk"):
         version = WorkflowVersion.objects.filter(workflow_id=golden.workflow_id, status=WorkflowVersion.Status.ACTIVE) \
@@ -312,7 +347,15 @@ def reevaluation_runs_create(namespace: str, parent_run_id: str | None = None) -
     return {"runs": runs, "skipped": skipped}
 
 
-def regression_check(eval_run_id: int) -> dict:
+class RegressionCheck(TypedDict):
+    checked: bool
+    reason: NotRequired[str]  # why it was not checked
+    dropped: NotRequired[bool]
+    previous_run: NotRequired[int]
+    verdict: NotRequired[str]
+
+
+def regression_check(eval_run_id: int) -> RegressionCheck:
     """Compare a re-evaluation with the previous completed run of the same version on the same set
     (paired test); a significant drop is recorded on the run (`regression`)."""
     from evals.conf import eval_settings

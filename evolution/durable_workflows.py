@@ -42,11 +42,12 @@ import contextlib
 import statistics
 from datetime import datetime
 from decimal import Decimal
+from typing import cast
 
 from django.conf import settings
 
 from config.display import usd
-from durable import Child, workflow
+from durable import Child, Context, workflow
 from durable.owners import begin_row, fail_row
 from evals.durable_workflows import EVAL_WORKFLOW
 from evals.execution import usd_budget_spent
@@ -65,12 +66,13 @@ class BudgetSpent(Exception):
 
 
 @workflow(EVOLVE_WORKFLOW)  # started by evolution.services.evolution_start only
-def evolve(ctx, input: dict) -> dict:
+def evolve(ctx: Context, input: dict) -> dict:
     """Input: {"evolution_run_id": int}."""
     run_id = int(input["evolution_run_id"])
     plan = begin_row(ctx, EvolutionRun, run_id)
     if "ended" in plan:
         return {"status": plan["ended"]}
+    plan = cast(execution.EvolutionPlan, plan)  # begin's plan, once not ended
     try:
         loop = GeneticProgramming(ctx, plan) if plan["mode"] == "gp" else Reflective(ctx, plan)
         summary = loop.run()
@@ -82,7 +84,7 @@ def evolve(ctx, input: dict) -> dict:
 
 
 class Loop:
-    def __init__(self, ctx, plan: dict):
+    def __init__(self, ctx: Context, plan: execution.EvolutionPlan):
         self.ctx = ctx
         self.plan = plan
         self.run_id = plan["run_id"]
@@ -141,6 +143,7 @@ class Loop:
         measured, its work and spend counted in the run's totals."""
         if not version_ids:
             return {}
+        created: dict[str, int | str]
         created = self.ctx.transaction(f"evals:{label}", execution.eval_runs_create, self.run_id, version_ids,
                                        item_ids, self.budget_share(len(version_ids)))
         children = [Child(EVAL_WORKFLOW, {"eval_run_id": eval_run}, name=f"eval:{label}:{version}")

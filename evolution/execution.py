@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any, NotRequired, TypedDict
 
 from django.db import transaction
 from django.db.models import Sum
@@ -29,7 +30,25 @@ def generator(seed: int, *labels) -> random.Random:
 
 # ---------------------------------------------------------------------------------------------- the run
 
-def evolution_plan(run: EvolutionRun) -> dict:
+class EvolutionPlan(TypedDict):
+    """What the loop reads of its run, from the checkpoint of its `begin` step (a run begun before splits
+    were read has none of the split keys)."""
+
+    run_id: int
+    mode: str  # gp | reflective
+    config: dict[str, Any]
+    base_version_id: int
+    golden_set_id: int
+    items: list[int]  # the set's items in order
+    goal: str
+    started_at: str  # ISO 8601
+    held_out: NotRequired[bool]
+    held_out_reason: NotRequired[str]
+    split_counts: NotRequired[dict[str, int]]
+    splits: NotRequired[dict[str, list[int]]]  # with a held-out claim: train, validation, test
+
+
+def evolution_plan(run: EvolutionRun) -> EvolutionPlan:
     """What the loop needs of an evolution run that begins (durable.owners.begin calls it, the row
     locked and marked running; a paused run stays paused)."""
     items = list(GoldenItem.objects.filter(golden_set_id=run.golden_set_id).order_by("position", "id")
@@ -39,7 +58,14 @@ def evolution_plan(run: EvolutionRun) -> dict:
             "started_at": run.started_at.isoformat(), **evolution_splits(run.golden_set_id)}
 
 
-def evolution_splits(golden_set_id: int) -> dict:
+class Splits(TypedDict):
+    held_out: bool
+    held_out_reason: str
+    split_counts: dict[str, int]
+    splits: NotRequired[dict[str, list[int]]]  # with a held-out claim: the ids of each split, in the set's order
+
+
+def evolution_splits(golden_set_id: int) -> Splits:
     """The splits a run reads, as its set holds them when it begins (one read: the plan and the ids agree):
     `held_out` and, when the set cannot carry a held-out claim, `held_out_reason` (evals.selectors.split_plan);
     `split_counts`; with the claim, `splits`, the ids of each split in the set's order."""
@@ -48,8 +74,10 @@ def evolution_splits(golden_set_id: int) -> dict:
     ids = split_items(GoldenSet(pk=golden_set_id))
     counts = {split: len(items) for split, items in ids.items()}
     plan = split_plan(GoldenSet(pk=golden_set_id), counts=counts)
-    return {"held_out": plan.held_out, "held_out_reason": plan.reason, "split_counts": counts,
-            **({"splits": ids} if plan.held_out else {})}
+    splits: Splits = {"held_out": plan.held_out, "held_out_reason": plan.reason, "split_counts": counts}
+    if plan.held_out:
+        splits["splits"] = ids
+    return splits
 
 
 def evolution_finish(run_id: int, summary: dict) -> None:
@@ -81,7 +109,7 @@ def pause_point(run_id: int, boundary: str) -> bool:
 # ---------------------------------------------------------------------------------------------- scoring
 
 def eval_runs_create(run_id: int, version_ids: list[int], item_ids: list[int] | None,
-                     budget: str | None = None) -> dict:
+                     budget: str | None = None) -> dict[str, int | str]:
     """An eval run (results reused where the same version already answered the same item) for each
     version, to be driven as children of the evolution run, each allowed to spend `budget` USD.
     Called in a ``ctx.transaction``. Returns {version id: eval run id, or an error text when the
@@ -89,7 +117,7 @@ def eval_runs_create(run_id: int, version_ids: list[int], item_ids: list[int] | 
     from evals.services import EvalError, eval_run_prepare
 
     run = EvolutionRun.objects.select_related("golden_set__workspace").get(pk=run_id)
-    out = {}
+    out: dict[str, int | str] = {}
     for version in WorkflowVersion.objects.filter(pk__in=version_ids).select_related("workflow"):
         try:
             eval_run = eval_run_prepare(golden_set=run.golden_set, version=version, reuse=True,
@@ -103,12 +131,25 @@ def eval_runs_create(run_id: int, version_ids: list[int], item_ids: list[int] | 
     return out
 
 
-def eval_scores(created: dict) -> dict:
+class Measurement(TypedDict):
+    """What a version's eval run measured (eval_scores), and what it cost."""
+
+    fitness: float
+    avg_score: float
+    scores: dict[str, float | None]  # item id -> score
+    rollouts: int  # item invocations run now
+    cache_hits: int
+    usd: str  # Decimal as text
+    eval_run: int | None
+    error: str  # why the eval run did not complete, or ""
+
+
+def eval_scores(created: dict[str, int | str]) -> dict[str, Measurement]:
     """What each version's eval run measured: fitness, average score, per-item scores, and what it
     cost (item invocations run now, cache hits, USD paid, whether or not the eval run completed)."""
     from evals.execution import eval_spent
 
-    out = {}
+    out: dict[str, Measurement] = {}
     for version_id, eval_run_id in created.items():
         if not isinstance(eval_run_id, int):
             out[version_id] = {"fitness": 0.0, "avg_score": 0.0, "scores": {}, "rollouts": 0, "cache_hits": 0,
@@ -198,7 +239,31 @@ def _iterative_for(run: EvolutionRun, eval_run_id: int | None):
     return rewrite
 
 
-def _write(run: EvolutionRun, offspring, parents: list[WorkflowVersion], generation: int) -> dict:
+class Member(TypedDict):
+    """A version bred or chosen for the run (a population's member, a reflection's child)."""
+
+    version_id: int
+    kind: str
+    note: str
+    created: bool  # new to the workflow (not an existing version's content)
+    parents: list[int]
+
+
+class Bred(TypedDict):
+    """A breed step's answer: its offspring and what its guided operators' model calls cost (USD, a decimal string)."""
+
+    offspring: list[Member]
+    usd: str
+
+
+class Reflected(TypedDict):
+    """A reflect step's answer: its offspring (None when nothing new came out) and what its model calls cost."""
+
+    child: Member | None
+    usd: str
+
+
+def _write(run: EvolutionRun, offspring, parents: list[WorkflowVersion], generation: int) -> Member:
     from workflows.services import workflow_version_create
 
     version, created = workflow_version_create(
@@ -209,7 +274,7 @@ def _write(run: EvolutionRun, offspring, parents: list[WorkflowVersion], generat
             "parents": [p.pk for p in parents]}
 
 
-def initial_population(run_id: int) -> list[dict]:
+def initial_population(run_id: int) -> list[Member]:
     """Generation 0: the base, then mutants of the base and immigrants (docs/evolution-defaults.md), deduplicated by
     content; at most `population` distinct versions."""
     from evolution import operators
@@ -217,7 +282,8 @@ def initial_population(run_id: int) -> list[dict]:
     run = EvolutionRun.objects.select_related("workflow", "base_version").get(pk=run_id)
     config, base = run.config, run.base_version
     rng = generator(config["seed"], "initial")
-    members = [{"version_id": base.pk, "kind": "base", "note": "the base version", "created": False, "parents": []}]
+    members: list[Member] = [{"version_id": base.pk, "kind": "base", "note": "the base version", "created": False,
+                              "parents": []}]
     seen = {base.dsl_hash}
     immigrants = round((config["population"] - 1) * config["initial_immigrants"])
     attempts = 0
@@ -238,7 +304,7 @@ def initial_population(run_id: int) -> list[dict]:
     return members
 
 
-def breed(run_id: int, generation: int, parents: list[dict], count: int) -> dict:
+def breed(run_id: int, generation: int, parents: list[Member], count: int) -> Bred:
     """{"offspring": `count` offspring of the selected parents ({"version_id", "eval_run"}), "usd": what the
     guided operators' model calls cost}, one draw per child: below the crossover rate a crossover of two
     parents, below crossover + mutation a mutation, else an immigrant; an offspring identical to an
@@ -250,7 +316,7 @@ def breed(run_id: int, generation: int, parents: list[dict], count: int) -> dict
     return {"offspring": offspring, "usd": f"{meter.total.usd_cost:f}"}
 
 
-def _breed(run_id: int, generation: int, parents: list[dict], count: int) -> list[dict]:
+def _breed(run_id: int, generation: int, parents: list[Member], count: int) -> list[Member]:
     from evolution import operators
 
     run = EvolutionRun.objects.select_related("workflow", "base_version").get(pk=run_id)
@@ -278,7 +344,7 @@ def _breed(run_id: int, generation: int, parents: list[dict], count: int) -> lis
     return out
 
 
-def reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None, known: list[int]) -> dict:
+def reflect(run_id: int, iteration: int, parent: Member, merge_with: Member | None, known: list[int]) -> Reflected:
     """{"child": the offspring's record or None, "usd": what the rewriter's model calls cost}: see `_reflect`.
     The cost counts in the run's spend whether or not a child came of it."""
     from llm.usage import usage_meter
@@ -288,7 +354,8 @@ def reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None, 
     return {"child": child, "usd": f"{meter.total.usd_cost:f}"}
 
 
-def _reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None, known: list[int]) -> dict | None:
+def _reflect(run_id: int, iteration: int, parent: Member, merge_with: Member | None,
+             known: list[int]) -> Member | None:
     """Reflective mode's offspring of a frontier version: with `merge_with` a crossover of the two (they
     improved different items); otherwise the evals rewriter reading the parent's failing items (their
     invocations, messages and grader rationales), falling back to a prompt mutation, any mutation, then
@@ -305,7 +372,7 @@ def _reflect(run_id: int, iteration: int, parent: dict, merge_with: dict | None,
     mother = versions[parent["version_id"]]
     known = set(known)
 
-    def new(record: dict) -> bool:
+    def new(record: Member) -> bool:
         return record["version_id"] not in known
 
     if merge_with is not None:

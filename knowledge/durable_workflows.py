@@ -10,7 +10,7 @@ Any failure is recorded on the source (ingest_status failed, ingest_error) and f
 
 from __future__ import annotations
 
-from durable import workflow
+from durable import Context, workflow
 from durable.engine import FanFailed, Step, StepFailed
 from knowledge.conf import knowledge_settings
 from knowledge.ingestion import (
@@ -28,7 +28,7 @@ INGEST_WORKFLOW = "knowledge.ingest_source"
 
 
 @workflow(INGEST_WORKFLOW)  # started by knowledge.services only, never through the runs API
-def ingest_source(ctx, input: dict) -> dict:
+def ingest_source(ctx: Context, input: dict) -> dict:
     """Ingest (or, with mode "reembed", re-embed) one knowledge source of the run's workspace.
     Input: {"source_id": int, "mode": "ingest" | "reembed", "force": bool}. A source of another
     workspace fails the run and is left untouched."""

@@ -34,6 +34,7 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar, cast
 
 from django.conf import settings
 
@@ -46,6 +47,7 @@ from llm.types import (
     ChatProvider,
     ChatRequest,
     ChatResponse,
+    ResponseCache,
     ToolCall,
     ToolSpec,  # noqa: F401 (workflows/execution.py imports it from here)
 )
@@ -70,13 +72,21 @@ def clean_text(text: str) -> str:
     return text
 
 
-def _clean_value(value):
+_Value = TypeVar("_Value")
+
+
+def _clean_value(value: _Value) -> _Value:
+    # the same shape and types as `value`: the checker cannot tie the rebuilt parts back to _Value
+    return cast(_Value, _cleaned(value))
+
+
+def _cleaned(value):
     if isinstance(value, str):
         return clean_text(value)
     if isinstance(value, dict):
-        return {_clean_value(key): _clean_value(item) for key, item in value.items()}
+        return {_cleaned(key): _cleaned(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_clean_value(item) for item in value]
+        return [_cleaned(item) for item in value]
     return value
 
 
@@ -243,7 +253,7 @@ class PutOff:
     retries_done: int = 0
 
 
-def chat(request: ChatRequest, *, cache=None, put_off: PutOff | None = None,
+def chat(request: ChatRequest, *, cache: ResponseCache | None = None, put_off: PutOff | None = None,
          wait: Callable[[float], None] | None = None) -> tuple[ChatResponse, bool]:
     """Answer `request`: returns (response, True) from `cache` or (response, False) from the provider.
 
@@ -259,7 +269,7 @@ def chat(request: ChatRequest, *, cache=None, put_off: PutOff | None = None,
     heartbeats). Raises UnknownModel, ChatError, TransientChatError (and CallPutOff)."""
     resolved = resolve_model(request.model)
     key = _cache_key(request, resolved) if cache is not None and request.cacheable() else None
-    if key is not None:
+    if cache is not None and key is not None:
         hit = cache.get(key)
         if hit is not None:
             return clean_response(ChatResponse.from_dict(hit)), True
@@ -269,6 +279,6 @@ def chat(request: ChatRequest, *, cache=None, put_off: PutOff | None = None,
     else:
         response = clean_response(_complete_with_retries(provider, request, resolved, wait or _wait))
     record_usage(response.usage)
-    if key is not None:
+    if cache is not None and key is not None:
         cache.put(key, request, response)
     return response, False

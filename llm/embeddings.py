@@ -326,6 +326,7 @@ class WordLlamaEmbeddingProvider(EmbeddingProvider):
         self.dimensions = dimensions
         # its own folder holds the bundled weights and tokenizer; the default cache path would miss the
         # tokenizer and try to download it
+        assert wordllama.__file__ is not None  # a regular package, installed from its wheel
         self._wordllama = wordllama.WordLlama.load(
             config="l2_supercat", dim=256, trunc_dim=None if dimensions == 256 else dimensions,
             cache_dir=Path(wordllama.__file__).parent, disable_download=True)

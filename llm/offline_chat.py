@@ -288,7 +288,7 @@ def _read_inputs(messages: Sequence[dict]) -> _Inputs:
     inputs = _Inputs()
     builder = _EvidenceBuilder(inputs)
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
-    calls: dict[str, str] = {}
+    calls: dict[str | None, str] = {}  # tool-call id -> tool name; a tool message may carry no id
     system = []
     for index, message in enumerate(messages):
         role = message.get("role")
@@ -532,7 +532,8 @@ class _Answerer:
         if kind == "object":
             return self._object(schema) if isinstance(schema.get("properties"), dict) and schema["properties"] else {}
         if kind == "array":
-            items = _first_alternative(schema.get("items") if isinstance(schema.get("items"), dict) else {})
+            items = schema.get("items")
+            items = _first_alternative(items if isinstance(items, dict) else {})
             item_kind = _schema_type(items)
             if item_kind == "string" and "enum" not in items:
                 if words & SOURCE_WORDS:

@@ -83,9 +83,9 @@ class OpenAIChatProvider(ChatProvider):
         choice = completion.choices[0]
         message = choice.message
         tool_calls = tuple(
-            ToolCall(id=call.id, name=call.function.name, arguments=parse_tool_arguments(call.function.arguments),
-                     raw=call.function.arguments or "")
-            for call in (message.tool_calls or ()) if getattr(call, "function", None) is not None
+            ToolCall(id=call.id, name=function.name, arguments=parse_tool_arguments(function.arguments),
+                     raw=function.arguments or "")
+            for call in (message.tool_calls or ()) if (function := getattr(call, "function", None)) is not None
         )
         content = message.content or ""
         usage = completion.usage

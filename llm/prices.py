@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from decimal import Decimal
+from functools import partial
 
 from django.conf import settings
 
@@ -46,12 +47,13 @@ def _database_cost(provider: str, model: str, input_tokens: int, output_tokens: 
     usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens,
                   cache_read_tokens=cached_input_tokens or None)
     config = provider_config(provider) if provider else None
-    attempts = [{"provider_id": provider}] if provider else [{}]
-    if config is not None and config.url():
-        attempts.append({"provider_api_url": config.url()})
-    for where in attempts:
+    url = config.url() if config is not None else None
+    attempts = [partial(calc_price, usage, model, provider_id=provider or None)]
+    if url:
+        attempts.append(partial(calc_price, usage, model, provider_api_url=url))
+    for price in attempts:
         try:
-            return Decimal(calc_price(usage, model, **where).total_price)
+            return Decimal(price().total_price)
         except LookupError:
             continue
     return None

@@ -130,5 +130,5 @@ def one_per_process(build: Callable) -> Callable:
         lock = threading.Lock()  # a thread of the parent may have held it at the fork
 
     os.register_at_fork(after_in_child=forget_after_fork)
-    get.cache_clear = built.clear
+    get.cache_clear = built.clear  # pyright: ignore[reportAttributeAccessIssue]: wraps' result declares no such attribute; tests clear the clients with it
     return get

@@ -11,6 +11,7 @@ import hashlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from llm.names import ResolvedModel, resolve_model
 from llm.usage import Usage
@@ -125,3 +126,11 @@ class ChatProvider(ABC):
     @abstractmethod
     def complete(self, request: ChatRequest, resolved: ResolvedModel) -> ChatResponse:
         """One attempt: the answer, or ChatError / TransientChatError. No retries, no usage recording."""
+
+
+class ResponseCache(Protocol):
+    """What `llm.chat.chat` asks before calling a provider (workflows/llm_cache.py's ChatCache)."""
+
+    def get(self, key: str) -> dict | None: ...
+
+    def put(self, key: str, request: ChatRequest, response: ChatResponse) -> None: ...

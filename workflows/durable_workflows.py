@@ -31,9 +31,10 @@ import itertools
 import json
 from collections import deque
 from decimal import Decimal
+from typing import TypedDict, cast
 
 from config.logging import log_context_update
-from durable import Child, workflow
+from durable import Child, Context, workflow
 from durable.owners import begin_row, describe, fail_row
 from llm.chat import ChatResponse, UnknownModel, resolve_model, structured_output_format
 from llm.providers import OFFLINE_PROVIDER
@@ -49,6 +50,18 @@ ROUTER_PROMPT = ("You route a workflow. Read the task and the last node's answer
                  "among these options:")
 
 
+class NodeResult(TypedDict):
+    """What a node run hands the scheduler (NodeRun.run; a parallel branch's child run returns it)."""
+
+    node_id: str
+    seq: int
+    output: str
+    next: list[str]  # the hand-off targets chosen
+    role: str  # of the message into the targets
+    handoff_type: str
+    usd_cost: str  # Decimal as text
+
+
 class InvocationFailed(Exception):
     """The invocation cannot go on (a budget, a rejection, a bad routing choice); the message says why."""
 
@@ -58,7 +71,7 @@ class NodeRejected(InvocationFailed):
 
 
 @workflow(INVOKE_WORKFLOW)  # started by workflows.services.invocation_start only
-def invoke(ctx, input: dict) -> dict:
+def invoke(ctx: Context, input: dict) -> dict:
     """Run a workflow invocation. Input: {"invocation_id": int}."""
     invocation_id = int(input["invocation_id"])
     log_context_update(invocation_id=invocation_id)
@@ -66,7 +79,7 @@ def invoke(ctx, input: dict) -> dict:
     if "ended" in plan:
         return {"status": plan["ended"]}
     try:
-        output = GraphRun(ctx, plan).run()
+        output = GraphRun(ctx, cast(execution.InvocationPlan, plan)).run()  # begin's plan, once not ended
     except Exception as exc:
         fail_row(ctx, WorkflowInvocation, invocation_id, exc)
         raise
@@ -75,7 +88,7 @@ def invoke(ctx, input: dict) -> dict:
 
 
 @workflow(NODE_WORKFLOW)
-def run_branch(ctx, input: dict) -> dict:
+def run_branch(ctx: Context, input: dict) -> NodeResult:
     """One node of a parallel hand-off, run as a child of the invocation's run. Input: {"plan",
     "node_id", "seq", "inbox", "spent"}; output: the node's result (see NodeRun.run)."""
     log_context_update(invocation_id=input["plan"]["invocation_id"])
@@ -88,7 +101,7 @@ class GraphRun:
     """The scheduler of one invocation: a queue of groups of node activations, run in order (a
     group of one inline, a larger group as parallel child runs)."""
 
-    def __init__(self, ctx, plan: dict):
+    def __init__(self, ctx: Context, plan: execution.InvocationPlan):
         self.ctx = ctx
         self.plan = plan
         self.nodes = {node["nodeId"]: node for node in plan["dsl"]["nodes"]}
@@ -101,8 +114,8 @@ class GraphRun:
         entry = self.plan["dsl"]["entryNodeId"]
         queue = deque([[(entry, [{"from": "", "role": "data", "text": self.plan["task"]}])]])
         boxes: dict[str, dict[str, dict]] = {}  # a waitFor node's deliveries so far, by source
-        finished: list[dict] = []
-        last = None
+        finished: list[NodeResult] = []
+        last: NodeResult | None = None
         while queue:
             group = queue.popleft()
             if self.count + len(group) > self.node_budget:
@@ -113,7 +126,7 @@ class GraphRun:
             self.count += len(group)
             if len(group) == 1:
                 (node_id, inbox), seq = group[0], seqs[0]
-                results = [NodeRun(self.ctx, self.plan, self.spent).run(node_id, seq, inbox)]
+                results: list[NodeResult] = [NodeRun(self.ctx, self.plan, self.spent).run(node_id, seq, inbox)]
             else:
                 # each branch may spend its share of what is left, so the fan cannot overspend by its width
                 share = (self.usd_budget - self.spent) / len(group)
@@ -142,7 +155,7 @@ class GraphRun:
             output["json"] = parsed
         return output
 
-    def _hand_off(self, result: dict, queue: deque, boxes: dict, finished: list) -> None:
+    def _hand_off(self, result: NodeResult, queue: deque, boxes: dict, finished: list[NodeResult]) -> None:
         source = result["node_id"]
         targets = result["next"]
         if not targets:
@@ -173,7 +186,8 @@ class GraphRun:
 class NodeRun:
     """One node invocation: the agent loop, the approval gate and the routing choice."""
 
-    def __init__(self, ctx, plan: dict, spent: Decimal, *, usd_budget: Decimal | None = None):
+    def __init__(self, ctx: Context, plan: execution.InvocationPlan, spent: Decimal, *,
+                 usd_budget: Decimal | None = None):
         self.ctx = ctx
         self.plan = plan
         self.invocation_id = plan["invocation_id"]
@@ -184,11 +198,12 @@ class NodeRun:
                       "cache_hits": 0, "tool_calls": 0}
         self.model = ""
 
-    def run(self, node_id: str, seq: int, inbox: list[dict]) -> dict:
+    def run(self, node_id: str, seq: int, inbox: list[dict]) -> NodeResult:
         ctx = self.ctx
         node = next(node for node in self.plan["dsl"]["nodes"] if node["nodeId"] == node_id)
         task = self.plan["task"]
         # the node's own writes and their checkpoint commit together (ctx.transaction): once, one commit
+        started: execution.NodeStarted
         started = ctx.transaction(f"node:{seq}:start", execution.node_start, self.invocation_id, self.workspace_id,
                                   seq, node, self.plan["node_versions"].get(node_id), inbox, task)
         try:
@@ -221,6 +236,7 @@ class NodeRun:
 
     def _call(self, name: str, seq: int, node_pk: int, offset: int, new: list[dict], request: dict):
         self._check_budget()
+        result: execution.LlmCallResult
         result = self.ctx.step(name, execution.llm_call, self.workspace_id, self.invocation_id, node_pk, seq, offset,
                                new, request, **model_call_options(request["model"]))
         response = ChatResponse.from_dict(result["response"])
@@ -235,7 +251,8 @@ class NodeRun:
         self._check_budget()
         return response, result["offset"]
 
-    def _agent_loop(self, node: dict, seq: int, started: dict, inbox: list[dict], task: str) -> tuple[str, int]:
+    def _agent_loop(self, node: dict, seq: int, started: execution.NodeStarted, inbox: list[dict],
+                    task: str) -> tuple[str, int]:
         bindings = {tool["name"]: tool for tool in started["tools"]}
         specs = [{"name": tool["name"], "description": tool["description"], "parameters": tool["parameters"]}
                  for tool in started["tools"]]
@@ -270,6 +287,7 @@ class NodeRun:
                 binding = bindings.get(call.name)
                 remote = binding is not None and binding["kind"] == "mcp"
                 options = queued_call_options() if remote else {}
+                result: execution.ToolCallResult
                 result = self.ctx.step(f"node:{seq}:tool:{round_}.{index}", execution.tool_call, self.workspace_id,
                                        self.invocation_id, started["id"], seq, offset, f"{round_}.{index}",
                                        call_dict, binding, self.plan["user_id"], **options)

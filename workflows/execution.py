@@ -21,6 +21,7 @@ import re
 import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any, TypedDict
 
 from django.db import connection, models, transaction
 
@@ -59,7 +60,22 @@ def input_text(value) -> str:
 
 # --------------------------------------------------------------------------------------- invocation
 
-def invocation_plan(invocation: WorkflowInvocation) -> dict:
+class InvocationPlan(TypedDict):
+    """What the runner reads of an invocation, from the checkpoint of its `begin` step."""
+
+    invocation_id: int
+    workspace_id: int
+    version_id: int
+    user_id: int | None
+    dsl: dict
+    input: Any  # the invocation's JSON input
+    task: str
+    node_budget: int
+    usd_budget: str  # Decimal as text
+    node_versions: dict[str, int]  # node id -> NodeVersion pk
+
+
+def invocation_plan(invocation: WorkflowInvocation) -> InvocationPlan:
     """What the runner needs of an invocation that begins (durable.owners.begin calls it, the row
     locked and marked running): its version's graph, its task, its budgets and node versions."""
     version = invocation.workflow_version
@@ -114,8 +130,18 @@ def _update_totals(invocation_id: int) -> None:
 
 # --------------------------------------------------------------------------------------------- nodes
 
+class NodeStarted(TypedDict):
+    """A node invocation as node_start began it: what every round of its agent loop reads."""
+
+    id: int  # the NodeInvocation's pk
+    system: str
+    tools: list[dict]  # bindings (workflows.tools.node_tools)
+    skills: list[dict]
+    started_at: str  # ISO 8601
+
+
 def node_start(invocation_id: int, workspace_id: int, seq: int, node: dict, node_version_id: int | None,
-               inbox: list[dict], task: str) -> dict:
+               inbox: list[dict], task: str) -> NodeStarted:
     """Insert the node invocation (running) and the hand-off messages into it; resolve its tools and
     skills. Returns {"id", "system", "tools", "skills", "started_at"}; the checkpoint keeps them, so
     every replay of the node sees the same prompt and tools."""
@@ -266,8 +292,15 @@ class _PutAfterTranscript:
             self.cache.put(*self.pending)
 
 
+class LlmCallResult(TypedDict):
+    response: dict  # ChatResponse.as_dict()
+    cache_hit: bool
+    offset: int  # the node's next message offset
+    elapsed_ms: float
+
+
 def llm_call(workspace_id: int, invocation_id: int, node_invocation_id: int, node_seq: int, offset: int,
-             new_messages: list[dict], request: dict) -> dict:
+             new_messages: list[dict], request: dict) -> LlmCallResult:
     """One chat call of a node (through the cache when it is on), and its messages: the request's
     new messages (the system prompt and user turn on the first round, tool results after) then
     the answer. Returns {"response": ChatResponse.as_dict(), "cache_hit": bool, "offset": next}.
@@ -371,8 +404,14 @@ def _messages_insert(cursor, invocation_id: int, node_invocation_id: int | None,
         "DO NOTHING", params)
 
 
+class ToolCallResult(TypedDict):
+    content: str  # what the model reads
+    error: bool
+    context_key: str | None  # where a large output went (the context store)
+
+
 def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, node_seq: int, offset: int,
-              call_key: str, call: dict, binding: dict | None, user_id: int | None) -> dict:
+              call_key: str, call: dict, binding: dict | None, user_id: int | None) -> ToolCallResult:
     """Run one tool call and write its message. A large output goes to the context store under
     `node-<seq>-<call_key>` (the runner's round and index: a model's own call ids repeat and may hold
     any characters), and the model reads its beginning and key. A result already in the transcript
@@ -396,7 +435,7 @@ def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, no
 
 
 def _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call_key, call, binding,
-                 user_id) -> dict:
+                 user_id) -> ToolCallResult:
     if binding is None:
         return {"content": f"error: there is no tool named {call['name']!r}", "error": True, "context_key": None}
     if call.get("raw") and not call.get("arguments") and not _is_json_object(call["raw"]):

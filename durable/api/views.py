@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 from django.db.models import Prefetch
-from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema, extend_schema_view
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -56,7 +57,7 @@ class NamespaceScopedMixin(WorkspaceScopedMixin):
         return member_namespaces(self.request.user, roles=self.write_roles if write else None)
 
     def get_queryset(self):
-        queryset = super(WorkspaceScopedMixin, self).get_queryset()
+        queryset = super(WorkspaceScopedMixin, self).get_queryset()  # pyright: ignore[reportAttributeAccessIssue]: the viewset it is mixed into has one
         return queryset.filter(namespace__in=self.namespaces())
 
     def workspace_of(self, obj):
@@ -106,7 +107,7 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
 
     # ------------------------------------------------------------------------------------ reads
 
-    def retrieve(self, request, pk=None):
+    def retrieve(self, request, pk: str):
         detail = selectors.run_detail(pk, namespaces=self.namespaces())
         return Response(RunDetailSerializer(detail).data)
 
@@ -128,7 +129,7 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
         responses=TimelineSerializer,
     )
     @action(detail=True, methods=["get"], pagination_class=None, filterset_class=None)
-    def timeline(self, request, pk=None):
+    def timeline(self, request, pk: str):
         params = request.query_params
         payloads = params.get("payloads", "0").lower() in {"1", "true", "yes"}
         after = _int_param(params, "after", None, minimum=-1)
@@ -147,7 +148,7 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
         responses=FanStatsSerializer,
     )
     @action(detail=True, methods=["get"], url_path="fan-stats", pagination_class=None, filterset_class=None)
-    def fan_stats(self, request, pk=None):
+    def fan_stats(self, request, pk: str):
         group = _int_param(request.query_params, "group", None)
         buckets = selectors.fan_stats(pk, group, namespaces=self.namespaces())
         return Response(FanStatsSerializer({"run": pk, "buckets": buckets}).data)

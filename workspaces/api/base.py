@@ -13,6 +13,7 @@ from django.db.models import CharField, QuerySet, Value
 from django.db.models.functions import Cast, Concat
 from rest_framework import mixins, permissions, serializers, viewsets
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.request import Request
 
 from workspaces.api.parsers import NUL, NUL_MESSAGE
 from workspaces.models import Membership, Workspace
@@ -55,6 +56,7 @@ class WorkspaceScopedMixin:
     ("workspace" by default, "" for the Workspace model itself) and, for writes,
     `write_roles` to the roles allowed to change rows (any member by default)."""
 
+    request: Request  # the viewset's, which this is mixed into
     permission_classes = [permissions.IsAuthenticated, WorkspaceRolePermission]
     workspace_field: str = "workspace"
     write_roles: frozenset[str] = frozenset(Membership.Role.values)
@@ -90,7 +92,7 @@ class WorkspaceScopedMixin:
             obj = getattr(obj, part)
         return obj
 
-    def check_write_role(self, workspace: Workspace) -> None:
+    def check_write_role(self, workspace: Workspace | int | None) -> None:
         if self.user_role(workspace) not in self.write_roles:
             raise PermissionDenied("Your role in this workspace does not allow this change.")
 
