@@ -48,6 +48,13 @@ class WorkspaceScopedAdmin:
             return queryset.filter(pk__in=member_workspace_ids(request.user))
         return queryset.filter(**{f"{self.workspace_field}__in": member_workspace_ids(request.user)})
 
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        from workspaces.api.routers import api_link
+
+        if obj is not None:  # the same row in the browsable API ("View in API" on the page)
+            context.setdefault("api_url", api_link(type(obj), obj.pk))
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
     def get_queryset(self, request):
         return self.scope(request, super().get_queryset(request))
 

@@ -208,6 +208,11 @@ REST_FRAMEWORK = {
         "workspaces.api.parsers.MultiPartParser",
     ],
     "DEFAULT_PAGINATION_CLASS": "workspaces.api.pagination.IdCursorPagination",
+    # JSON, and DRF's browsable pages with a link to the admin's page of what they show
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "workspaces.api.renderers.LinkedBrowsableAPIRenderer",
+    ],
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

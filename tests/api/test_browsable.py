@@ -67,3 +67,24 @@ def test_every_get_endpoint_renders_as_the_browsable_api(api_as, owner, workspac
     assert problems == []
     page = client.get("/api/knowledge/search/", {"format": "api", "workspace": workspace.pk, "query": "durable"})
     assert world["mine"] in page.content.decode()
+
+
+def test_the_browsable_api_and_the_admin_link_to_each_others_page_of_a_row(api_as, owner, workspace, make_version):
+    from django.urls import reverse
+
+    from tests.admin_users import admin_staff, client_of
+    from tests.workflows.conftest import graph, node
+
+    version = make_version(graph("a", node("a", prompt="Hi.")))
+    api_page = f"/api/workflow-versions/{version.pk}/"
+    admin_page = reverse("admin:workflows_workflowversion_change", args=[version.pk])
+    # a member who is not staff: no admin to go to
+    html = api_as(owner).get(api_page, {"format": "api"}).content.decode()
+    assert 'id="api-admin-link"' not in html
+    staff = admin_staff("operator", workspace, apps=["workflows"])
+    html = api_as(staff).get(api_page, {"format": "api"}).content.decode()
+    assert f'<a href="{admin_page}" id="api-admin-link">Open in admin</a>' in html
+    listing = api_as(staff).get("/api/workflow-versions/", {"format": "api"}).content.decode()
+    assert f'<a href="{reverse("admin:workflows_workflowversion_changelist")}" id="api-admin-link">' in listing
+    html = client_of(staff).get(admin_page).content.decode()
+    assert f'<a href="{api_page}" id="admin-api-link">View in API</a>' in html

@@ -26,3 +26,20 @@ def api_root_view():
         for prefix, _viewset, basename in router.registry:
             resources[prefix] = list_name.format(basename=basename)
     return DefaultRouter.APIRootView.as_view(api_root_dict=dict(sorted(resources.items())))
+
+
+def api_link(model, pk=None) -> str | None:
+    """The API's URL of `model`'s list (or, with `pk`, of that row), or None when no resource serves it (the
+    admin's change pages link to it). The first resource whose viewset's queryset is of `model` answers."""
+    from django.urls import NoReverseMatch, reverse
+
+    for router in _ROUTERS:
+        for _prefix, viewset, basename in router.registry:
+            queryset = getattr(viewset, "queryset", None)
+            if queryset is not None and queryset.model is model:
+                try:
+                    return reverse(f"{basename}-detail", args=[pk]) if pk is not None else reverse(f"{basename}-list")
+                except NoReverseMatch:
+                    return None
+    return None
+
