@@ -298,9 +298,17 @@ class _Scope:
     outcome: str = ""
     span: object = None
 
-    def ended(self, result):
-        """Record `result`'s outcome (a TurnResult, or a step's status) and give it back."""
+    def ended(self, result, *, error: str = ""):
+        """Record `result`'s outcome (a TurnResult, or a step's status) and give it back; a failed turn's
+        error (or a step's `error`) sets the span's status."""
         self.outcome = str(getattr(result, "outcome", result))
+        failure = getattr(result, "error", None) or error
+        if failure and self.span is not None:
+            message = failure.get("message", "") if isinstance(failure, dict) else str(failure)
+            kind = failure.get("type", "") if isinstance(failure, dict) else ""
+            self.span.set_status(Status(StatusCode.ERROR, f"{kind}: {message}"[:1000] if kind else message[:1000]))
+            if kind:
+                self.span.set_attribute("error.type", kind)
         return result
 
 

@@ -158,7 +158,7 @@ def _execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
             with telemetry.durable_step(run_id=run_id, name=name, attempt=attempt,
                                         trace_context=trace_context) as traced:
                 settlement = _run_step(run_id, step_id, seq, name, input_text, step_options, attempt, timeout)
-                traced.ended(settlement[2] if settlement is not None else "abandoned")
+                traced.ended(settlement[2] if settlement is not None else "abandoned", error=_traced_error(settlement))
             if settlement is None:
                 skipped += 1  # abandoned: its run ended or another worker has it
                 continue
@@ -176,6 +176,15 @@ def _trace_context(run_id: str) -> str:
     from durable.models import DurableRun  # durable/__init__ imports this module before the apps are ready
 
     return DurableRun.objects.filter(pk=run_id).values_list("trace_context", flat=True).first() or ""
+
+
+def _traced_error(settlement: tuple | None):
+    """A settlement's error (a failed attempt, retried or not) for its span's status; a put-off step (TryLater)
+    did not fail. Only decoded with tracing on."""
+    if settlement is None or not settlement[4] or not telemetry.tracing():
+        return ""
+    error = decode(settlement[4], column="checkpoint.error", row=str(settlement[0])) or ""
+    return "" if isinstance(error, dict) and error.get("type") == "TryLater" else error
 
 
 def _settle_with_retries(run_id: str, pending: list[tuple], attempts: int = 3) -> list[tuple]:

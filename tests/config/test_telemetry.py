@@ -174,6 +174,24 @@ def test_a_replayed_node_makes_no_second_chat_span(spans, make_version, invoke):
     assert agent.status.status_code == trace.StatusCode.ERROR and "not this one" in agent.status.description
     (workflow,) = named(spans, "invoke_workflow")
     assert workflow.status.status_code == trace.StatusCode.ERROR
+    last = named(spans, "durable.turn")[-1]
+    assert last.attributes["durable.turn.outcome"] == "failed" and last.status.status_code == trace.StatusCode.ERROR
+    assert last.attributes["error.type"] == "NodeRejected" and "not this one" in last.status.description
+
+
+def test_a_model_call_that_fails_sets_its_spans_status(spans, make_version, invoke, settings):
+    with FakeOpenAIChat() as server:
+        settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+        settings.OPENAI_BASE_URL, settings.LLM_MAX_RETRIES = server.url("/v1"), 0
+        server.chat_replies = [(400, {"Content-Type": "application/json"},
+                                json.dumps({"error": {"message": "this model does not exist"}}))]
+        invocation = invoke(make_version(graph("a", node("a", model="gpt-4.1-mini"))))
+    assert invocation.status == "failed"
+    (chat,) = named(spans, "chat ")
+    assert chat.name == "chat gpt-4.1-mini" and chat.status.status_code == trace.StatusCode.ERROR
+    assert chat.attributes["error.type"] == "ChatError" and "this model does not exist" in chat.status.description
+    (step,) = named(spans, "durable.step")
+    assert step.attributes["durable.step.status"] == "failed" and step.status.status_code == trace.StatusCode.ERROR
 
 
 def test_an_eval_runs_lanes_and_invocations_are_in_its_trace(spans, workspace, make_version):
