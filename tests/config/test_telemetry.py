@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -277,6 +278,56 @@ def test_an_invocations_spans_reach_an_otlp_http_endpoint(otlp_receiver, monkeyp
     assert services == {"lineage"}
     assert "invoke_workflow exported" in names and "invoke_agent planner" in names and "invoke_agent writer" in names
     assert names.count("chat offline-directive-v1") == 2
+
+
+def _received_spans(receiver) -> list[tuple[str, int, str]]:
+    """(span name, trace id, instrumentation scope) of every span the receiver got."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    found = []
+    for path, _content_type, body in list(receiver.posts):
+        if path == "/v1/traces":
+            for resource_spans in ExportTraceServiceRequest.FromString(body).resource_spans:
+                found += [(span.name, int.from_bytes(span.trace_id, "big"), scope.scope.name)
+                          for scope in resource_spans.scope_spans for span in scope.spans]
+    return found
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_celery_workers_set_up_tracing_and_continue_the_trace_the_api_started(otlp_receiver, monkeypatch,
+                                                                              make_version):
+    from tests.workflows.workers import drive_until_ended, split_workers_running
+
+    endpoint = f"http://127.0.0.1:{otlp_receiver.server_address[1]}"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    version = make_version(TWO_NODES, name="on workers")
+    provider = telemetry.build_tracer_provider()
+    previous = telemetry.install(tracer_provider=provider)
+    try:
+        with telemetry.tracer().start_as_current_span("POST /api/invocations/") as request:
+            invocation = invocation_start(version=version, input={"text": "traced on workers"})
+    finally:
+        telemetry.restore(previous)
+        provider.shutdown()
+    with FakeOpenAIChat() as server, split_workers_running("otel", server.url("/v1"), OTEL_METRICS_EXPORTER="none",
+                                                           OTEL_BSP_SCHEDULE_DELAY="100"):
+        drive_until_ended([invocation], timeout=120)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+                name.startswith("invoke_workflow") for name, _, _ in _received_spans(otlp_receiver)):
+            time.sleep(0.2)
+    assert invocation.status == "completed", invocation.error
+    received = _received_spans(otlp_receiver)
+    ours = [(name, trace_id) for name, trace_id, scope in received if scope == telemetry.INSTRUMENTATION_NAME]
+    names = [name for name, _ in ours]
+    # the model calls ran on the threads-pool llm worker, the turns on the prefork one
+    assert names.count("chat gpt-4.1-mini") == 2 and names.count("invoke_agent planner") == 1
+    assert "invoke_workflow on workers" in names and "durable.turn" in names and "durable.step" in names
+    assert {trace_id for _, trace_id in ours} == {request.get_span_context().trace_id}
+    # and the instrumentations are on in the workers: their Celery tasks and queries are traced too
+    scopes = {scope for _, _, scope in received}
+    assert {"opentelemetry.instrumentation.celery", "opentelemetry.instrumentation.psycopg"} <= scopes
 
 
 def test_tracing_is_off_unless_configured(make_version, invoke, monkeypatch):
