@@ -19,6 +19,8 @@ from config import telemetry
 from durable.engine import execute_turn
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun
+from tests.evals.conftest import facts, support_set  # noqa: F401 (fixtures)
+from tests.evolution.conftest import evolve, support_base  # noqa: F401 (fixtures)
 from tests.llm.conftest import FakeOpenAIChat
 from tests.workflows.conftest import graph, node
 from workflows.services import invocation_decide, invocation_start
@@ -208,6 +210,24 @@ def test_an_eval_runs_lanes_and_invocations_are_in_its_trace(spans, workspace, m
     assert span.name == "eval_run smoke" and span.attributes["lineage.items_done"] == 2
     assert len(named(spans, "invoke_workflow")) == 2
     assert len({s.context.trace_id for s in spans.get_finished_spans()}) == 1
+
+
+def test_each_generation_of_an_evolution_run_has_a_span_in_the_runs_trace(spans, facts, support_set,  # noqa: F811
+                                                                         support_base, evolve):  # noqa: F811
+    run = evolve(support_base.workflow, support_set, config={"population": 2, "generations": 2, "seed": 7})
+    assert run.status == "completed", run.error
+    generations = sorted(named(spans, "evolution_generation"), key=lambda span: span.start_time)
+    assert [span.name for span in generations] == ["evolution_generation 0", "evolution_generation 1"]
+    assert generations[-1].attributes["lineage.fitness.best"] == pytest.approx(
+        run.generations.get(number=1).stats["best"])
+    evaluations = named(spans, "eval_run")
+    assert len(evaluations) >= 2  # its individuals'
+    trace_id = int(DurableRun.objects.get(pk=run.durable_run_id).trace_context.split("-")[1], 16)
+    assert {span.context.trace_id for span in generations + evaluations} == {trace_id}
+    # the other traces are those of the knowledge sources' ingestions the golden set's facts needed
+    elsewhere = {span.attributes["durable.workflow"] for span in named(spans, "durable.start")
+                 if span.context.trace_id != trace_id}
+    assert elsewhere == {"knowledge.ingest_source"}
 
 
 def test_metrics_count_turns_model_calls_tokens_and_cost(make_version, invoke):
