@@ -14,8 +14,8 @@ worker, a retry after a crash). Spans of work that outlives a turn (an invocatio
 are recorded once, when that work ends, where it really ends (the idempotent write that ends it, never
 a replay), with the time it began; their span ids are derived from the trace id and a key naming the
 work (``invocation:7``, ``invocation:7:node:2``), so what runs inside them on any worker before they
-end (a model call in a queued step, a tool call) names them as its parent. ``docs`` of the README's
-Observability section list the spans and metrics.
+end (a model call in a queued step, a tool call) names them as its parent. The README's Observability
+section lists the spans and metrics.
 """
 
 from __future__ import annotations
