@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_init
+from celery.signals import beat_init, task_postrun, task_prerun, worker_init, worker_process_init
 
 from config.logging import bind_task, unbind_task
 
@@ -49,3 +49,28 @@ def _load_provider_libraries(**kwargs):
     from llm.chat import load_provider_libraries
 
     load_provider_libraries()
+
+
+# OpenTelemetry (config/telemetry.py, off unless configured), once a process that runs tasks: each prefork
+# (and solo) process after it is forked, so its batch exporter has its own thread; a threads pool's one
+# process as it starts (no worker_process_init there); beat
+@worker_process_init.connect
+def _telemetry_in_worker_process(**kwargs):
+    from config import telemetry
+
+    telemetry.setup(instrument=("celery", "psycopg"))
+
+
+@worker_init.connect
+def _telemetry_in_threads_worker(sender=None, **kwargs):
+    if "thread" in str(getattr(sender, "pool_cls", "")).lower():
+        from config import telemetry
+
+        telemetry.setup(instrument=("celery", "psycopg"))
+
+
+@beat_init.connect
+def _telemetry_in_beat(**kwargs):
+    from config import telemetry
+
+    telemetry.setup(instrument=("celery",))

@@ -22,7 +22,9 @@ import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
-# what a line may say about where it comes from; trace_id is reserved for the tracing that will set it
+from opentelemetry import trace
+
+# what a line may say about where it comes from; trace_id is the current OpenTelemetry span's (config/telemetry.py)
 CONTEXT_FIELDS = ("run_id", "invocation_id", "workspace", "namespace", "task_id", "task", "trace_id")
 
 _context: contextvars.ContextVar[dict | None] = contextvars.ContextVar("lineage_log_context", default=None)
@@ -53,8 +55,15 @@ def _workspace_of(namespace: str) -> int | None:
     return Workspace.id_of_namespace(namespace)
 
 
+def _trace_id() -> str | None:
+    """The trace of the current span (a turn's, a step's, a request's), None with tracing off."""
+    span_context = trace.get_current_span().get_span_context()
+    return format(span_context.trace_id, "032x") if span_context.is_valid else None
+
+
 class LogContextFilter(logging.Filter):
-    """Copies the bound context onto each record (the workspace read from a workspace's run namespace)."""
+    """Copies the bound context onto each record (the workspace read from a workspace's run namespace, the
+    trace id from the current span), so a line of a turn leads to its run's trace."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         fields = _context.get()
@@ -63,6 +72,8 @@ class LogContextFilter(logging.Filter):
                 setattr(record, name, value)
             if "workspace" not in fields and fields.get("namespace"):
                 record.workspace = _workspace_of(fields["namespace"])
+        if not getattr(record, "trace_id", None):
+            record.trace_id = _trace_id()
         return True
 
 

@@ -44,6 +44,9 @@ class DurableRun(models.Model):
     # moved on by every retry and continue-as-new: a checkpoint written under an older fence (by a turn still
     # running when its history was abandoned) is ignored and dropped by the next replay
     fence = models.IntegerField(default=0, db_default=0)
+    # the W3C traceparent the run was started under (empty with tracing off): every turn and queued step of
+    # the run, on any worker and after any retry, continues that trace (config/telemetry.py)
+    trace_context = models.CharField(max_length=55, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)

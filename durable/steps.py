@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 
 from django.db import DatabaseError, OperationalError, connection
 
+from config import telemetry
 from config.logging import log_context
 from durable import store
 from durable.codec import decode, encode
@@ -136,6 +137,7 @@ def _execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
     pending: list[tuple] = []
     settled = skipped = 0
     last_save = time.monotonic()
+    trace_context = _trace_context(run_id) if telemetry.tracing() else ""
 
     def save():
         nonlocal pending, last_save, settled
@@ -153,7 +155,10 @@ def _execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
             if not keeper.chunk_start(chunk, step_id):
                 skipped += 1  # timed out while it waited here: another worker has it now
                 continue
-            settlement = _run_step(run_id, step_id, seq, name, input_text, step_options, attempt, timeout)
+            with telemetry.durable_step(run_id=run_id, name=name, attempt=attempt,
+                                        trace_context=trace_context) as traced:
+                settlement = _run_step(run_id, step_id, seq, name, input_text, step_options, attempt, timeout)
+                traced.ended(settlement[2] if settlement is not None else "abandoned", error=_traced_error(settlement))
             if settlement is None:
                 skipped += 1  # abandoned: its run ended or another worker has it
                 continue
@@ -164,6 +169,22 @@ def _execute_steps(run_id: str, seqs: Sequence[int]) -> dict:
     finally:
         keeper.release_chunk(chunk)
     return {"claimed": len(claimed), "settled": settled, "skipped": skipped}
+
+
+def _trace_context(run_id: str) -> str:
+    """The run's stored traceparent: its steps continue its trace, whoever dispatched them (a turn, the tick)."""
+    from durable.models import DurableRun  # durable/__init__ imports this module before the apps are ready
+
+    return DurableRun.objects.filter(pk=run_id).values_list("trace_context", flat=True).first() or ""
+
+
+def _traced_error(settlement: tuple | None):
+    """A settlement's error (a failed attempt, retried or not) for its span's status; a put-off step (TryLater)
+    did not fail. Only decoded with tracing on."""
+    if settlement is None or not settlement[4] or not telemetry.tracing():
+        return ""
+    error = decode(settlement[4], column="checkpoint.error", row=str(settlement[0])) or ""
+    return "" if isinstance(error, dict) and error.get("type") == "TryLater" else error
 
 
 def _settle_with_retries(run_id: str, pending: list[tuple], attempts: int = 3) -> list[tuple]:

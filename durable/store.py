@@ -35,6 +35,7 @@ from datetime import datetime
 import psycopg
 from django.db import connection, transaction
 
+from config import telemetry
 from durable.codec import decode, encode
 from durable.dispatch import dispatch_steps, dispatch_turn
 from durable.settings import durable_settings
@@ -90,8 +91,9 @@ def execute_prepared(cursor: psycopg.Cursor, sql: str, params) -> psycopg.Cursor
 
 INSERT_RUN_SQL = f"""
 INSERT INTO {RUN_TABLE} (id, workflow, namespace, status, input, output, error, tags, priority, parent_id,
-    parent_seq, wake_pending, dispatched_at, locked_by, recovery_attempts, turns, epoch, created_at, updated_at)
-VALUES (%s, %s, %s, 'pending', %s, '', '', %s, %s, %s, %s, true, statement_timestamp(), '', 0, 0, 0,
+    parent_seq, wake_pending, dispatched_at, locked_by, recovery_attempts, turns, epoch, trace_context, created_at,
+    updated_at)
+VALUES (%s, %s, %s, 'pending', %s, '', '', %s, %s, %s, %s, true, statement_timestamp(), '', 0, 0, 0, %s,
         statement_timestamp(), statement_timestamp())
 ON CONFLICT (id) DO NOTHING
 """
@@ -104,7 +106,7 @@ def run_insert(*, run_id: str, workflow: str, input_text: str, namespace: str, t
     the turn. Returns False when the id exists."""
     with connection.cursor() as cursor:
         cursor.execute(INSERT_RUN_SQL, [run_id, workflow, namespace, input_text, list(tags), priority, parent_id,
-                                        parent_seq])
+                                        parent_seq, telemetry.run_start_context(run_id=run_id, workflow=workflow)])
         created = cursor.rowcount == 1
     if created and dispatch:
         dispatch_turn(run_id, priority)
@@ -188,7 +190,7 @@ SET status = 'running', locked_by = %s, locked_until = statement_timestamp() + m
     wake_pending = false, wake_at = NULL, turns = turns + 1, started_at = COALESCE(started_at, statement_timestamp()),
     updated_at = statement_timestamp()
 WHERE id = %s AND status IN {ACTIVE} AND (locked_until IS NULL OR locked_until < statement_timestamp())
-RETURNING workflow, input, namespace, priority, tags, turns, parent_id, epoch, fence
+RETURNING workflow, input, namespace, priority, tags, turns, parent_id, epoch, fence, trace_context
 """
 
 

@@ -17,6 +17,7 @@ from typing import NoReturn
 import psycopg
 from django.db import DatabaseError, connection
 
+from config import telemetry
 from config.logging import log_context
 from durable import store
 from durable.codec import decode, encode
@@ -66,12 +67,13 @@ def execute_turn(run_id: str) -> TurnResult:
     claimed = store.run_claim(cursor, run_id, token, settings.lease_seconds)
     if claimed is None:
         return TurnResult(run_id, TurnOutcome.NOT_CLAIMED)
-    workflow_name, input_text, namespace, priority, tags, turns, parent_id, epoch, fence = claimed
+    workflow_name, input_text, namespace, priority, tags, turns, parent_id, epoch, fence, trace_context = claimed
     lease_keeper.hold(run_id, token)
     try:
-        with log_context(run_id=run_id, namespace=namespace):
-            return _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority, tags, turns,
-                         bool(parent_id), epoch, fence)
+        with log_context(run_id=run_id, namespace=namespace), telemetry.durable_turn(
+                run_id=run_id, workflow=workflow_name, trace_context=trace_context) as traced:
+            return traced.ended(_turn(run_id, token, cursor, workflow_name, input_text, namespace, priority, tags,
+                                      turns, bool(parent_id), epoch, fence))
     except (DatabaseError, psycopg.Error, EngineWriteFailed) as exc:
         cause = exc.cause if isinstance(exc, EngineWriteFailed) else exc
         _interrupted(run_id, token, cause)

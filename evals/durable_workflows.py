@@ -72,6 +72,7 @@ def eval_run(ctx: Context, input: dict) -> dict:
         summary = ctx.transaction("finish", execution.eval_finish, eval_run_id)
     except Exception as exc:
         fail_row(ctx, EvalRun, eval_run_id, exc)
+        execution.trace_eval_run(eval_run_id, error=f"{type(exc).__name__}: {exc}")
         raise
     return summary
 

@@ -16,6 +16,7 @@ from typing import NotRequired, TypedDict
 from django.db import transaction
 from django.db.models import Sum
 
+from config import telemetry
 from durable.states import RunStatus
 from evals.models import EvalRun, GoldenItem, GoldenResult
 from evals.stats import fitness, percentile
@@ -311,8 +312,29 @@ def eval_finish(eval_run_id: int) -> dict:
         if avg is not None and not run.config.get("item_ids"):  # a minibatch is not the version's score
             WorkflowVersion.objects.filter(pk=run.workflow_version_id).update(
                 avg_score=fields["avg_score"], pass_rate=fields["pass_rate"], updated_at=now())
+    trace_eval_run(eval_run_id)
     return {"avg_score": fields["avg_score"], "pass_rate": fields["pass_rate"], "fitness": score,
             "items": len(results), "grading_errors": fields["grading_errors"]}
+
+
+def trace_eval_run(eval_run_id: int, *, error: str = "") -> None:
+    """The eval run's span, recorded once as it ends (completed, or failed by its run's last turn), under its
+    run's trace: its lanes and their items' invocations ran in the same trace."""
+    if not telemetry.tracing():
+        return
+    row = EvalRun.objects.filter(pk=eval_run_id).values(
+        "started_at", "created_at", "status", "avg_score", "pass_rate", "usd_cost", "items_done", "items_total",
+        "grading_errors", "workflow_version_id", "golden_set__name").first()
+    if row is None:
+        return
+    attributes = {"lineage.eval_run.id": eval_run_id, "lineage.golden_set": row["golden_set__name"],
+                  "lineage.workflow_version.id": row["workflow_version_id"], "lineage.eval_run.status": row["status"],
+                  "lineage.items_done": row["items_done"], "lineage.items_total": row["items_total"],
+                  "lineage.grading_errors": row["grading_errors"], "lineage.usd_cost": float(row["usd_cost"])}
+    attributes.update({f"lineage.{name}": row[name] for name in ("avg_score", "pass_rate") if row[name] is not None})
+    telemetry.record_span(f"eval_run {row['golden_set__name']}", key=f"eval_run:{eval_run_id}",
+                          start=row["started_at"] or row["created_at"], attributes=attributes, error=error,
+                          error_type="failed" if error else "")
 
 
 class ReevaluationRuns(TypedDict):

@@ -14,6 +14,7 @@ from typing import Any, NotRequired, TypedDict
 from django.db import transaction
 from django.db.models import Sum
 
+from config import telemetry
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
 from evolution.models import EvolutionRun, Generation, Individual
 from workflows.models import WorkflowInvocation, WorkflowVersion
@@ -470,3 +471,17 @@ def record_generation(run_id: int, number: int, members: list[dict], stats: dict
             evaluations=stats.get("run_evaluations", 0), rollouts=stats.get("run_rollouts", 0),
             cache_hits=stats.get("run_cache_hits", 0), usd_cost=Decimal(str(stats.get("run_usd", "0"))),
             **({"report": report} if report is not None else {}), updated_at=now())
+    _trace_generation(run_id, number, stats, datetime.fromisoformat(started_at))
+
+
+def _trace_generation(run_id: int, number: int, stats: dict, started: datetime) -> None:
+    """A generation's span, as its row is written (its evaluations' eval runs ran in the same trace)."""
+    attributes = {"lineage.evolution_run.id": run_id, "lineage.generation.number": number,
+                  "lineage.generation.members": stats.get("members", 0),
+                  "lineage.evaluations": stats.get("run_evaluations", 0),
+                  "lineage.usd_cost": float(Decimal(str(stats.get("run_usd", "0"))))}
+    for name in ("best", "avg", "worst", "run_best_fitness"):
+        if isinstance(stats.get(name), int | float):
+            attributes[f"lineage.fitness.{name}"] = float(stats[name])
+    telemetry.record_span(f"evolution_generation {number}", key=f"evolution_run:{run_id}:generation:{number}",
+                          start=started, attributes=attributes)

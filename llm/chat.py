@@ -38,6 +38,7 @@ from typing import TypeVar, cast
 
 from django.conf import settings
 
+from config import telemetry
 from llm.errors import CallPutOff, TransientChatError, UnknownModel
 from llm.names import ResolvedModel, resolve_model
 from llm.providers import OFFLINE_PROVIDER, one_per_process, structured_outputs
@@ -209,6 +210,7 @@ def _complete_with_retries(provider: ChatProvider, request: ChatRequest, resolve
         try:
             return _attempt(provider, request, resolved, caller)
         except _NotAdmitted as refused:
+            telemetry.llm_throttled(provider=resolved.provider, model=resolved.model, kind="limit")
             wait(refused.admission.wait)
         except TransientChatError as exc:
             attempt += 1
@@ -218,6 +220,8 @@ def _complete_with_retries(provider: ChatProvider, request: ChatRequest, resolve
                                          f"attempts: {exc}", retry_after=exc.retry_after) from exc
             logger.warning("chat call to %s %r failed (%s), retry %d/%d in %.1fs",
                            resolved.provider, resolved.model, exc, attempt, policy.max_retries, delay)
+            if exc.rate_limited:
+                telemetry.llm_throttled(provider=resolved.provider, model=resolved.model, kind="provider")
             wait(delay)
 
 
@@ -274,10 +278,16 @@ def chat(request: ChatRequest, *, cache: ResponseCache | None = None, put_off: P
         if hit is not None:
             return clean_response(ChatResponse.from_dict(hit)), True
     provider = get_chat_provider(resolved)
-    if put_off is not None:
-        response = clean_response(_complete_or_put_off(provider, request, resolved, put_off))
-    else:
-        response = clean_response(_complete_with_retries(provider, request, resolved, wait or _wait))
+    with telemetry.chat_span(request, provider=resolved.provider, model=resolved.model) as traced:
+        try:
+            if put_off is not None:
+                response = clean_response(_complete_or_put_off(provider, request, resolved, put_off))
+            else:
+                response = clean_response(_complete_with_retries(provider, request, resolved, wait or _wait))
+        except CallPutOff as exc:
+            traced.throttled(exc.kind, exc.reason)
+            raise
+        traced.answered(response)
     record_usage(response.usage)
     if cache is not None and key is not None:
         cache.put(key, request, response)

@@ -25,6 +25,7 @@ from typing import Any, TypedDict
 
 from django.db import connection, models, transaction
 
+from config import telemetry
 from durable import TryLater, deferrals, release_connection
 from llm.chat import CallPutOff, ChatRequest, PutOff, ToolSpec, chat, clean_text
 from workflows.conf import workflow_settings
@@ -96,6 +97,7 @@ def invocation_finish(invocation_id: int, output: dict) -> None:
         # also from failed or cancelled: an operator retried the run, and the run is what happened
         WorkflowInvocation.objects.filter(pk=invocation_id).exclude(status=WorkflowInvocation.Status.COMPLETED).update(
             status=WorkflowInvocation.Status.COMPLETED, output=output, error="", ended_at=now(), updated_at=now())
+    _trace_invocation(invocation_id)
 
 
 def invocation_ended(invocation_id: int, error: str) -> None:
@@ -111,6 +113,38 @@ def invocation_ended(invocation_id: int, error: str) -> None:
             llm_calls=calls.calls, cache_hits=calls.cache_hits, model=calls.models.split(", ")[-1])
     unfinished.update(status=NodeInvocation.Status.FAILED, error=error, ended_at=now())
     _update_totals(invocation_id)
+    _trace_invocation(invocation_id, error=error or "ended")
+
+
+def invocation_span_key(invocation_id: int) -> str:
+    """The key of an invocation's span (config.telemetry.record_span), and of its nodes' below it."""
+    return f"invocation:{invocation_id}"
+
+
+def node_span_key(invocation_id: int, seq: int) -> str:
+    return f"invocation:{invocation_id}:node:{seq}"
+
+
+def _trace_invocation(invocation_id: int, *, error: str = "") -> None:
+    """The invocation's ``invoke_workflow`` span, recorded as it ends (whichever process ends it: its run's
+    last turn, the reconcile), under its run's stored trace context."""
+    if not telemetry.tracing():
+        return
+    row = WorkflowInvocation.objects.filter(pk=invocation_id).values(
+        "started_at", "created_at", "status", "input_tokens", "output_tokens", "usd_cost", "node_count",
+        "workflow_version_id", "workflow_version__workflow__name", "durable_run__trace_context").first()
+    if row is None:
+        return
+    name = row["workflow_version__workflow__name"]
+    telemetry.record_span(
+        f"invoke_workflow {name}", key=invocation_span_key(invocation_id), start=row["started_at"] or row["created_at"],
+        trace_context=row["durable_run__trace_context"] or None, error=error, error_type=row["status"],
+        attributes={"gen_ai.operation.name": "invoke_workflow", "gen_ai.workflow.name": name,
+                    "gen_ai.conversation.id": str(invocation_id), "lineage.invocation.id": invocation_id,
+                    "lineage.workflow_version.id": row["workflow_version_id"],
+                    "lineage.invocation.status": row["status"], "gen_ai.usage.input_tokens": row["input_tokens"],
+                    "gen_ai.usage.output_tokens": row["output_tokens"],
+                    "lineage.usd_cost": float(row["usd_cost"]), "lineage.node_count": row["node_count"]})
 
 
 def _update_totals(invocation_id: int) -> None:
@@ -216,12 +250,33 @@ def node_finish(invocation_id: int, seq: int, fields: dict, node_pk: int | None 
               for field, value in zip(columns, values.values(), strict=True)]
     with _atomic(), connection.cursor() as cursor:  # in the runner's ctx.transaction: commits with its checkpoint
         cursor.execute(f"UPDATE {NodeInvocation._meta.db_table} SET {assignments} "
-                       "WHERE workflow_invocation_id = %s AND seq = %s", [*params, invocation_id, seq])
+                       "WHERE workflow_invocation_id = %s AND seq = %s RETURNING node_id, started_at",
+                       [*params, invocation_id, seq])
+        ended = cursor.fetchone()
         if handoffs:
             _messages_insert(cursor, invocation_id, node_pk, [
                 (message_seq(seq, MESSAGES_PER_NODE - 1 - offset), handoff["role"], {"text": handoff["text"][:2000]},
                  handoff["from"], handoff["to"]) for offset, handoff in enumerate(handoffs)])
         _update_totals(invocation_id)
+    if ended is not None:
+        _trace_node(invocation_id, seq, ended[0], ended[1], values)
+
+
+def _trace_node(invocation_id: int, seq: int, node_id: str, started_at: datetime, fields: dict) -> None:
+    """The node's ``invoke_agent`` span, recorded once as it ends, the parent of its model and tool calls."""
+    status = fields.get("status", "")
+    attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": node_id,
+                  "gen_ai.conversation.id": str(invocation_id), "lineage.node.seq": seq, "lineage.node.status": status}
+    for field, attribute in (("input_tokens", "gen_ai.usage.input_tokens"),
+                             ("output_tokens", "gen_ai.usage.output_tokens"), ("model", "gen_ai.response.model"),
+                             ("llm_calls", "lineage.llm_calls"), ("tool_calls", "lineage.tool_calls")):
+        if fields.get(field) not in (None, ""):
+            attributes[attribute] = fields[field]
+    if "usd_cost" in fields:
+        attributes["lineage.usd_cost"] = float(fields["usd_cost"])
+    telemetry.record_span(f"invoke_agent {node_id}", key=node_span_key(invocation_id, seq), start=started_at,
+                          parent_key=invocation_span_key(invocation_id), attributes=attributes,
+                          error=fields.get("error", "") if status != "completed" else "", error_type=status)
 
 
 def node_await_approval(invocation_id: int, seq: int, run_id: str, signal: str, output: str) -> None:
@@ -331,8 +386,9 @@ def llm_call(workspace_id: int, invocation_id: int, node_invocation_id: int, nod
     release_connection()
     started = time.perf_counter()
     try:
-        response, hit = chat(chat_request, cache=cache, put_off=PutOff(
-            caller=f"{invocation_id}:{answer_seq}", retries_done=deferrals("provider")))
+        with telemetry.under(node_span_key(invocation_id, node_seq)):
+            response, hit = chat(chat_request, cache=cache, put_off=PutOff(
+                caller=f"{invocation_id}:{answer_seq}", retries_done=deferrals("provider")))
     except CallPutOff as exc:
         NodeInvocation.objects.filter(pk=node_invocation_id).update(
             throttled_until=now() + timedelta(seconds=exc.retry_in), throttle_reason=exc.reason[:500])
@@ -422,7 +478,12 @@ def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, no
     if recorded is not None:
         return {"content": recorded["content"], "error": recorded["error"], "context_key": recorded["context_key"]}
     _refuse_if_ended(invocation_id)
-    result = _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call_key, call, binding, user_id)
+    with telemetry.under(node_span_key(invocation_id, node_seq)), \
+            telemetry.tool_span(name=call["name"], call_id=call["id"]) as span:
+        result = _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call_key, call, binding,
+                              user_id)
+        if result["error"]:
+            span.set_status(telemetry.Status(telemetry.StatusCode.ERROR, result["content"][:500]))
     result["content"] = clean_text(result["content"])
     Message.objects.bulk_create([Message(
         workflow_invocation_id=invocation_id, node_invocation_id=node_invocation_id,

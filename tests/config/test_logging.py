@@ -84,6 +84,31 @@ def test_json_lines_of_a_turn_and_its_step_carry_the_run_and_workspace(workspace
     assert datetime.fromisoformat(turn["time"]).tzinfo is not None
 
 
+@pytest.mark.django_db
+def test_with_tracing_on_the_lines_of_a_turn_and_its_step_carry_the_runs_trace_id(workspace, settings):
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from config import telemetry
+
+    settings.DURABLE_DISPATCH_ENABLED = False
+    stream, handler = _json_handler()
+    logger = logging.getLogger("tests.workflows")
+    logger.addHandler(handler)
+    previous = telemetry.install(tracer_provider=telemetry.build_tracer_provider(span_exporter=InMemorySpanExporter()))
+    try:
+        run = run_start(workflow="tests.logging", input={"message": "hello"}, namespace=workspace.namespace)
+        assert run_until_settled(run.id).status == "completed"
+        logger.warning("after the run")
+    finally:
+        telemetry.restore(previous)
+        logger.removeHandler(handler)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    trace_id = DurableRun.objects.get(pk=run.id).trace_context.split("-")[1]
+    turn, step = lines[0], next(line for line in lines if line["message"] == "step says hello")
+    assert turn["trace_id"] == step["trace_id"] == trace_id
+    assert "trace_id" not in lines[-1]  # outside the run's spans
+
+
 def test_a_json_line_carries_the_exception():
     stream, handler = _json_handler()
     record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed %s", ("here",), None)
