@@ -298,7 +298,7 @@ class _Scope:
     outcome: str = ""
     span: object = None
 
-    def ended(self, result, *, error: str = ""):
+    def ended(self, result, *, error: str | dict = ""):
         """Record `result`'s outcome (a TurnResult, or a step's status) and give it back; a failed turn's
         error (or a step's `error`) sets the span's status."""
         self.outcome = str(getattr(result, "outcome", result))
