@@ -1,13 +1,17 @@
-"""How the admin pages write numbers: one home, so a score, a rate or a cost reads the same on every page.
+"""How the admin pages write numbers and texts: one home, so a score, a rate, a cost or a JSON value reads the same on
+every page (and in the commands).
 
 Scores (0..1) to three places, rates as whole percents, US dollars with the precision their size needs
 ("$4.23", "$0.0270", "$0.000012"), durations in the unit that suits them. None is "-" everywhere."""
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 
 from django.contrib import admin
+from django.contrib.admin.utils import quote
+from django.urls import reverse
 from django.utils.html import format_html
 
 DASH = "-"
@@ -78,3 +82,36 @@ def ago(value) -> str:
 def status_badge(status: str, label: str):
     """A status as a coloured pill (the `wf-status` styles of admin/workflows/_styles.html)."""
     return format_html('<span class="wf-status wf-status-{}">{}</span>', status, label)
+
+
+# ---------------------------------------------------------------------------------------- texts and JSON
+
+TEXT_LIMIT = 20_000  # characters of one message or node output shown on a page
+
+
+def pretty_json(value) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def json_html(value):
+    if value is None or value == "" or value == {} or value == []:
+        return "-"
+    return format_html('<pre class="wf-json">{}</pre>', pretty_json(value))
+
+
+def clipped(text: str, limit: int = TEXT_LIMIT) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n… ({len(text) - limit:,} more characters)"
+
+
+def excerpt(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def durable_run_link(run_id: str | None):
+    if not run_id:
+        return "-"
+    return format_html('<a href="{}">{}</a>', reverse("admin:durable_durablerun_change", args=[quote(run_id)]),
+                       run_id)

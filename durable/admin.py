@@ -28,7 +28,7 @@ from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
-from config.display import ago, moment, status_badge
+from config.display import ago, moment, pretty_json, status_badge
 from config.display import seconds as seconds_text
 from config.home_charts import GRID, STATUS_COLOURS
 from config.svg import clip
@@ -42,10 +42,6 @@ from workspaces.admin_scope import WorkspaceScopedAdmin, per_request, sees_every
 
 UNDECODABLE = "(undecodable)"
 TIMELINE_LIMIT = 500
-
-
-def pretty_json(value) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
 def payload_html(text: str, *, column: str, row: str):

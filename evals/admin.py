@@ -36,10 +36,10 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from config.admin import EstimatedCountPaginator, NamedObjectMixin, PostActionsMixin, ReadOnlyAdmin
-from config.display import number_field, usd
+from config.display import clipped, durable_run_link, excerpt, json_html, number_field, pretty_json, status_badge, usd
 from config.display import percent as percent_text
 from config.display import score as score_text
-from durable.admin import pretty_json
+from config.display import seconds as seconds_text
 from evals import charts, importing, rewriter
 from evals.admin_views import (
     EXCERPT,
@@ -64,19 +64,15 @@ from evals.services import (
     item_errors,
 )
 from evals.splits import SPLITS
-from workflows.admin import (
-    WorkspaceFilter,
-    clipped,
-    durable_run_link,
-    excerpt,
-    full_object,
-    json_html,
-    seconds_text,
-    status_badge,
-)
 from workflows.execution import input_text
 from workflows.models import WorkflowVersion
-from workspaces.admin_scope import ScopedChoiceFilter, WorkspaceScopedAdmin, workspaces_for
+from workspaces.admin_scope import (
+    ScopedChoiceFilter,
+    WorkspaceFilter,
+    WorkspaceScopedAdmin,
+    full_object,
+    workspaces_for,
+)
 
 RESULT_LIMIT = 1000  # results shown on an eval run's page; the golden results list pages through the rest
 RECENT_RUNS = 10  # runs listed on a golden set's page

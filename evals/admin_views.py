@@ -19,6 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from config.display import excerpt
 from config.display import score as score_text
 from evals import charts, importing
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
@@ -31,7 +32,6 @@ from evals.services import (
     version_promote,
     version_rollback,
 )
-from workflows.admin import excerpt
 from workflows.execution import input_text
 from workflows.models import Workflow, WorkflowVersion
 from workflows.selectors import rollback_target, version_diff

@@ -28,15 +28,20 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
-from config.display import moment, usd
+from config.display import durable_run_link, excerpt, json_html, moment, status_badge, usd
 from config.display import seconds as seconds_text
 from evolution import charts
 from evolution.admin_views import EvolutionRunViews, admin_link, admin_url, fitness_text, p_text
 from evolution.models import EvolutionRun, Generation, Individual
 from evolution.selectors import run_genealogy_versions
-from workflows.admin import WorkspaceFilter, durable_run_link, excerpt, full_object, json_html, status_badge
 from workflows.models import Workflow, WorkflowVersion
-from workspaces.admin_scope import ScopedChoiceFilter, WorkspaceScopedAdmin, workspaces_for
+from workspaces.admin_scope import (
+    ScopedChoiceFilter,
+    WorkspaceFilter,
+    WorkspaceScopedAdmin,
+    full_object,
+    workspaces_for,
+)
 
 INDIVIDUAL_ROWS = 1500  # individuals listed on a run's page; the individuals list pages through the rest
 GENEALOGY_LIMIT = 3000  # versions drawn in a run's genealogy

@@ -34,9 +34,8 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
-from config.display import number_field, status_badge, usd
+from config.display import clipped, durable_run_link, excerpt, json_html, number_field, pretty_json, status_badge, usd
 from config.display import seconds as seconds_text
-from durable.admin import pretty_json
 from workflows import graph, services
 from workflows.models import (
     ContextEntry,
@@ -54,53 +53,21 @@ from workflows.models import (
 from workflows.selectors import NodeCalls, node_calls
 from workspaces.admin_scope import (
     ScopedChoiceFilter,
+    WorkspaceFilter,
     WorkspaceScopedAdmin,
+    full_object,
     sees_everything,
     workspaces_for,
 )
 
 MESSAGE_LIMIT = 2000  # messages shown on an invocation's page; the Messages admin pages through the rest
-TEXT_LIMIT = 20_000  # characters of one message or node output shown on the page
 LONG_TEXT = 600  # longer texts start collapsed
 CHILDREN_LIMIT = 200
-
-
-def json_html(value):
-    if value is None or value == "" or value == {} or value == []:
-        return "-"
-    return format_html('<pre class="wf-json">{}</pre>', pretty_json(value))
-
-
-def clipped(text: str, limit: int = TEXT_LIMIT) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}\n… ({len(text) - limit:,} more characters)"
-
-
-def excerpt(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def change_link(model_name: str, pk, label) -> str:
     url = reverse(f"admin:workflows_{model_name}_change", args=[quote(pk)])
     return format_html('<a href="{}">{}</a>', url, label)
-
-
-def durable_run_link(run_id: str | None):
-    if not run_id:
-        return "-"
-    return format_html('<a href="{}">{}</a>', reverse("admin:durable_durablerun_change", args=[quote(run_id)]),
-                       run_id)
-
-
-def full_object(model_admin, request, queryset, object_id):
-    """The change page's row, read whole in one query and in the user's scope (the changelist's
-    queryset defers the big columns); None for a missing, malformed or foreign id, as the admin expects."""
-    try:
-        return model_admin.scope(request, queryset).filter(pk=object_id).first()
-    except (ValueError, ValidationError):
-        return None
 
 
 # ------------------------------------------------------------------------------------------ workflows
@@ -200,13 +167,6 @@ class WorkflowVersionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
 
 
 # ---------------------------------------------------------------------------------------- invocations
-
-class WorkspaceFilter(ScopedChoiceFilter):
-    title, parameter_name, field = "workspace", "workspace", "workspace_id"
-
-    def options(self, request):
-        return workspaces_for(request).order_by("name").values_list("pk", "name")
-
 
 class WorkflowFilter(ScopedChoiceFilter):
     title, parameter_name, field = "workflow", "workflow", "workflow_version__workflow_id"

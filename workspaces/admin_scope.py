@@ -12,6 +12,7 @@ for a missing row); no per-object permission check is needed on top.
 from __future__ import annotations
 
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.db.models import Count, Q, QuerySet
 
 from workspaces.api.base import member_namespaces, member_workspace_ids
@@ -102,3 +103,19 @@ class ScopedChoiceFilter(admin.SimpleListFilter):
     def get_facet_counts(self, pk_attname, filtered_qs):
         return {f"{index}__c": Count(pk_attname, filter=Q(**{self.field: value}))
                 for index, (value, _label) in enumerate(self.lookup_choices)}
+
+
+def full_object(model_admin, request, queryset, object_id):
+    """The change page's row, read whole in one query and in the user's scope (the changelist's
+    queryset defers the big columns); None for a missing, malformed or foreign id, as the admin expects."""
+    try:
+        return model_admin.scope(request, queryset).filter(pk=object_id).first()
+    except (ValueError, ValidationError):
+        return None
+
+
+class WorkspaceFilter(ScopedChoiceFilter):
+    title, parameter_name, field = "workspace", "workspace", "workspace_id"
+
+    def options(self, request):
+        return workspaces_for(request).order_by("name").values_list("pk", "name")
