@@ -46,6 +46,7 @@ from durable.errors import (
     Suspend,
     WorkflowMisuse,
     _ControlFlow,
+    error_payload,
 )
 from durable.leases import lease_keeper
 from durable.registry import callable_path, get_workflow
@@ -83,16 +84,6 @@ class Child:
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-def error_payload(exc: BaseException) -> dict:
-    import traceback
-
-    return {
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
-    }
 
 
 def backoff_delay(options: dict, attempt: int) -> float:

@@ -33,7 +33,6 @@ from durable.context import (
     Step,
     backoff_delay,
     checkpoint_row,
-    error_payload,
     lock_event,
     lock_signal,
     upsert_attributes,
@@ -51,6 +50,7 @@ from durable.errors import (
     Suspend,
     TurnInterrupted,
     WorkflowMisuse,
+    error_payload,
 )
 from durable.steps import execute_steps, heartbeat
 from durable.store import (

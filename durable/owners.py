@@ -34,7 +34,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, models, transaction
 from psycopg.errors import DeadlockDetected
 
-from durable.errors import StepFailed
+from durable.errors import RunRefused, StepFailed
 from durable.models import DurableRun
 from durable.selectors import runs_ended_without_owner
 from workspaces.models import Workspace
@@ -64,10 +64,6 @@ class RunOwner(models.Model):
 
     class Meta:
         abstract = True
-
-
-class RunRefused(Exception):
-    """A run was given a row it does not own (another workspace's, or one another run drives)."""
 
 
 @dataclass

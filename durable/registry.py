@@ -20,9 +20,7 @@ from importlib import import_module
 from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
 
-
-class UnknownWorkflow(LookupError):
-    pass
+from durable.errors import UnknownWorkflow
 
 
 @dataclass(frozen=True)

@@ -14,24 +14,12 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from config.errors import Conflict, NotFound
 from durable import engine, store
 from durable.codec import decode, encode
+from durable.errors import InvalidRunState, RunIdConflict, RunNotFound
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, Schedule
 from durable.registry import get_workflow
 from durable.settings import durable_settings
-
-
-class RunNotFound(NotFound):
-    """No run with this id (the id is the message)."""
-
-
-class InvalidRunState(Conflict, ValueError):
-    """The run's status does not allow the operation (a signal to a run that has ended)."""
-
-
-class RunIdConflict(Exception):
-    """A run id is already taken by a run of another namespace."""
 
 
 def run_start(*, workflow: str, input=None, run_id: str | None = None, namespace: str = "default",

@@ -30,8 +30,8 @@ from django.db import DatabaseError, OperationalError, connection
 from config.logging import log_context
 from durable import store
 from durable.codec import decode, encode
-from durable.context import backoff_delay, error_payload, now
-from durable.errors import DurableError, TryLater
+from durable.context import backoff_delay, now
+from durable.errors import DurableError, TryLater, error_payload
 from durable.leases import keeper
 from durable.registry import resolve_callable
 from durable.settings import durable_settings

@@ -20,7 +20,7 @@ from django.db import DatabaseError, connection
 from config.logging import log_context
 from durable import store
 from durable.codec import decode, encode
-from durable.context import REPLAY_SQL, Context, _Checkpoint, error_payload
+from durable.context import REPLAY_SQL, Context, _Checkpoint
 from durable.errors import (
     ContinueAsNew,
     EngineWriteFailed,
@@ -28,11 +28,13 @@ from durable.errors import (
     NonDeterminismError,
     Suspend,
     TurnInterrupted,
+    UnknownWorkflow,
     WorkflowMisuse,
     _ControlFlow,
+    error_payload,
 )
 from durable.leases import lease_keeper, worker_token
-from durable.registry import UnknownWorkflow, get_workflow
+from durable.registry import get_workflow
 from durable.settings import durable_settings
 from durable.states import RunStatus
 
