@@ -26,10 +26,11 @@ import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import psycopg
 from django.db import DatabaseError, DataError, connection, transaction
+from django.utils.timezone import now
 
 from durable import store
 from durable.codec import decode, encode
@@ -50,8 +51,10 @@ from durable.errors import (
 )
 from durable.leases import lease_keeper
 from durable.registry import callable_path, get_workflow
+from durable.retry import NO_RETRIES, retry_at, step_options
 from durable.settings import durable_settings
 from durable.states import RunStatus, StepStatus
+from durable.steps import heartbeat
 
 # ------------------------------------------------------------------------------------------ specs
 
@@ -80,35 +83,6 @@ class Child:
     input: object = None
     name: str = ""
     tags: Sequence[str] = ()
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
-
-
-def backoff_delay(options: dict, attempt: int) -> float:
-    """Seconds before retry number `attempt` (1-based): fixed or exponential with cap and full jitter."""
-    base = float(options.get("backoff_base", 1.0))
-    cap = float(options.get("backoff_cap", 60.0))
-    fixed = options.get("backoff", "exponential") == "fixed"
-    delay = base if fixed else min(cap, base * (2 ** (attempt - 1)))
-    if options.get("jitter", True):
-        delay = random.uniform(delay / 2, delay)
-    return min(delay, cap)
-
-
-_NO_RETRIES = {"retries": 0}
-
-
-def step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout) -> dict:
-    if backoff not in ("fixed", "exponential"):
-        raise ValueError(f"backoff must be 'fixed' or 'exponential', not {backoff!r}")
-    options = {"retries": int(retries)}
-    if retries:
-        options.update(backoff=backoff, backoff_base=backoff_base, backoff_cap=backoff_cap, jitter=jitter)
-    if timeout is not None:
-        options["timeout"] = float(timeout)
-    return options
 
 
 def checkpoint_row(run_id, seq, name, kind, *, input="", queue="", options=None, attempt=0, child_run_id="",
@@ -341,7 +315,7 @@ class Context:
             self.commit_open()
             return self._run_inline(seq, name, fn, args, options, previous_attempt=checkpoint.attempt)
         if not retries and timeout is None and not queue:
-            options = _NO_RETRIES  # the hot path: nothing to validate or build
+            options = NO_RETRIES
         else:
             options = step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout)
         if queue:
@@ -366,8 +340,7 @@ class Context:
 
     def _inline_failed(self, seq, name, exc, options, attempt, previous_attempt):
         error = encode(error_payload(exc))
-        retries_left = options.get("retries", 0) - (attempt - 1)
-        wake_at = now() + timedelta(seconds=backoff_delay(options, attempt)) if retries_left > 0 else None
+        wake_at = retry_at(options, attempt)
         status = StepStatus.PENDING if wake_at else StepStatus.FAILED
         if previous_attempt is None:
             self._insert([checkpoint_row(self.run_id, seq, name, "step", options=options, attempt=attempt,
@@ -468,8 +441,6 @@ class Context:
             self._record(seq, "set_attributes", "value", sorted(attributes), leased=True)
 
     def heartbeat(self, progress=None) -> None:
-        from durable.steps import heartbeat
-
         heartbeat(progress)
 
     @ctx_call

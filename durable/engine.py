@@ -31,7 +31,6 @@ from durable.context import (
     Child,
     Context,
     Step,
-    backoff_delay,
     checkpoint_row,
     lock_event,
     lock_signal,
@@ -52,6 +51,7 @@ from durable.errors import (
     WorkflowMisuse,
     error_payload,
 )
+from durable.retry import backoff_delay
 from durable.steps import execute_steps, heartbeat
 from durable.store import (
     ATTR_TABLE,
