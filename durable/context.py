@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -55,6 +54,7 @@ from durable.retry import NO_RETRIES, retry_at, step_options
 from durable.settings import durable_settings
 from durable.states import RunStatus, StepStatus
 from durable.steps import heartbeat
+from durable.store import checkpoint_row
 
 # ------------------------------------------------------------------------------------------ specs
 
@@ -83,14 +83,6 @@ class Child:
     input: object = None
     name: str = ""
     tags: Sequence[str] = ()
-
-
-def checkpoint_row(run_id, seq, name, kind, *, input="", queue="", options=None, attempt=0, child_run_id="",
-                   group=None, wake_at=None, status="pending", output="", error="", started_at=None,
-                   completed_at=None, created=None, fence=0):
-    """A row for ``store.checkpoints_insert`` (columns of ``store.INSERT_PENDING_COLUMNS``)."""
-    return (run_id, seq, name, kind, status, input, output, error, queue, json.dumps(options or {}), attempt,
-            child_run_id, "", group, wake_at, created or now(), started_at, completed_at, fence)
 
 
 def _user_error(exc: BaseException) -> BaseException:
@@ -166,18 +158,14 @@ class _Aborted(Exception):
 
 
 class _Checkpoint:
+    """A checkpoint as a replay reads it (a row of ``store.checkpoints_for_replay``)."""
+
     __slots__ = ("attempt", "child_run_id", "error", "fence", "group", "kind", "name", "output", "queue", "seq",
                  "status", "wake_at")
 
     def __init__(self, row):
         (self.seq, self.name, self.kind, self.status, self.output, self.error, self.group, self.attempt,
          self.wake_at, self.queue, self.child_run_id, self.fence) = row
-
-
-REPLAY_SQL = f"""
-SELECT seq, name, kind, status, output, error, parallel_group, attempt, wake_at, queue, child_run_id, fence
-FROM {store.CP_TABLE} WHERE run_id = %s ORDER BY seq
-"""
 
 
 class Context:
@@ -437,7 +425,7 @@ class Context:
         if checkpoint is not None:
             return
         with transaction.atomic():
-            upsert_attributes(self.run_id, attributes)
+            store.upsert_attributes(self.run_id, attributes)
             self._record(seq, "set_attributes", "value", sorted(attributes), leased=True)
 
     def heartbeat(self, progress=None) -> None:
@@ -489,16 +477,10 @@ class Context:
             return self._resolve_wait(seq, checkpoint, default)
         deadline = now() + timedelta(seconds=timeout) if timeout is not None else None
         with transaction.atomic():
-            lock_signal(self.run_id, name)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"DELETE FROM {store.SIGNAL_TABLE} WHERE id = (SELECT id FROM {store.SIGNAL_TABLE} "
-                    "WHERE run_id = %s AND name = %s ORDER BY id LIMIT 1 FOR UPDATE) RETURNING payload",
-                    [self.run_id, name],
-                )
-                buffered = cursor.fetchone()
+            store.lock_signal(self.run_id, name)
+            buffered = store.signal_take(self.run_id, name)
             if buffered is not None:
-                payload = decode(buffered[0], column="signal.payload", row=self.run_id)
+                payload = decode(buffered, column="signal.payload", row=self.run_id)
                 self._record(seq, name, "signal", {"payload": payload}, leased=True)
                 return payload
             self._wait(seq, name, "signal", name, {}, deadline)
@@ -515,18 +497,9 @@ class Context:
             return self._resolve_wait(seq, checkpoint, default)
         deadline = now() + timedelta(seconds=timeout) if timeout is not None else None
         with transaction.atomic():
-            lock_event(self.namespace, name)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"DELETE FROM {store.EVENT_TABLE} WHERE id = (SELECT id FROM {store.EVENT_TABLE} "
-                    "WHERE namespace = %s AND name = %s AND payload @> %s::jsonb "
-                    "AND expires_at > statement_timestamp() ORDER BY created_at, id LIMIT 1 FOR UPDATE) "
-                    "RETURNING payload",
-                    [self.namespace, name, json.dumps(match)],
-                )
-                buffered = cursor.fetchone()
-            if buffered is not None:
-                payload = buffered[0] if not isinstance(buffered[0], str) else json.loads(buffered[0])
+            store.lock_event(self.namespace, name)
+            payload = store.event_take(self.namespace, name, match)
+            if payload is not None:
                 self._record(seq, name, "event", {"payload": payload}, leased=True)
                 return payload
             self._wait(seq, name, "event", name, match, deadline)
@@ -545,9 +518,9 @@ class Context:
         if checkpoint.wake_at is not None and checkpoint.wake_at <= now():
             with transaction.atomic():
                 if checkpoint.kind == "signal":
-                    lock_signal(self.run_id, checkpoint.name)
+                    store.lock_signal(self.run_id, checkpoint.name)
                 else:
-                    lock_event(self.namespace, checkpoint.name)
+                    store.lock_event(self.namespace, checkpoint.name)
                 if not self._settle(seq, StepStatus.COMPLETED, output_text=encode({"timed_out": True})):
                     # the signal won the race: read what it delivered
                     raise Suspend()
@@ -676,38 +649,3 @@ class Context:
             for queue, seqs in by_queue.items():
                 dispatch_steps(self.run_id, seqs, queue, self.priority)
 
-
-def lock_signal(run_id: str, name: str) -> None:
-    # serialises a wait's "buffered signal? else register a waiter" with a send's
-    # "waiter? else buffer", so neither can miss the other
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"durable:signal:{run_id}:{name}"])
-
-
-def lock_event(namespace: str, name: str) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                       [f"durable:event:{namespace}:{name}"])
-
-
-def upsert_attributes(run_id: str, attributes: dict) -> None:
-    # attributes exist to be searched, so they are stored as plain text/JSON, never through the payload codec
-    from django.core.serializers.json import DjangoJSONEncoder
-
-    rows = []
-    for key, value in attributes.items():
-        key = str(key)
-        if not key or len(key) > 100:
-            raise ValueError(f"attribute names are 1 to 100 characters, not {key[:120]!r}")
-        number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-        text = value if isinstance(value, str) else json.dumps(value, cls=DjangoJSONEncoder)
-        rows.append((run_id, key, text, number))
-    if not rows:
-        return
-    placeholders = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {store.ATTR_TABLE} (run_id, key, value, value_num) VALUES {placeholders} "
-            "ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value, value_num = EXCLUDED.value_num",
-            [v for row in rows for v in row],
-        )

@@ -26,16 +26,7 @@ from collections.abc import Sequence
 
 from durable import store
 from durable.codec import encode
-from durable.context import (
-    REPLAY_SQL,
-    Child,
-    Context,
-    Step,
-    checkpoint_row,
-    lock_event,
-    lock_signal,
-    upsert_attributes,
-)
+from durable.context import Child, Context, Step
 from durable.dispatch import dispatch_steps, dispatch_turn
 from durable.errors import (
     ChildFailed,
@@ -60,12 +51,17 @@ from durable.store import (
     EVENT_TABLE,
     FAN_PENDING_SQL,
     INSERT_DONE_SQL,
+    REPLAY_SQL,
     RUN_TABLE,
     SIGNAL_TABLE,
     WAITER_TABLE,
+    checkpoint_row,
     descendant_run_ids,
     fan_has_pending,
+    lock_event,
+    lock_signal,
     raw_cursor,
+    upsert_attributes,
 )
 from durable.store import checkpoints_insert as insert_checkpoints
 from durable.store import run_wake as wake_run

@@ -59,7 +59,7 @@ def signal_send(*, run_id: str, name: str, payload=None) -> str:
             raise RunNotFound(run_id)
         if status not in DurableRun.Status.ACTIVE:
             raise InvalidRunState(f"run {run_id} is {status}; signals reach active runs only")
-        engine.lock_signal(run_id, name)
+        store.lock_signal(run_id, name)
         if store.signal_deliver(run_id=run_id, name=name, payload_text=encode({"payload": payload})):
             return "delivered"
         BufferedSignal.objects.create(run_id=run_id, name=name, payload=encode(payload))
@@ -75,7 +75,7 @@ def event_publish(*, name: str, payload: dict | None = None, namespace: str = "d
         raise ValueError("an event payload is a JSON object")
     text = json.dumps(payload, default=str)
     with transaction.atomic():
-        engine.lock_event(namespace, name)
+        store.lock_event(namespace, name)
         reached = store.event_deliver(namespace=namespace, name=name, payload_json=text,
                                       output_text=encode({"payload": payload}))
         if not reached:
