@@ -2,8 +2,7 @@
 
 import hashlib
 
-from durable.engine import Step
-from durable.registry import workflow
+from durable import Step, workflow
 
 
 def checksum(text: str) -> str:
