@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, models, transaction
+from django.utils.timezone import now
 from psycopg.errors import DeadlockDetected
 
 from durable.errors import RunRefused, StepFailed
@@ -109,10 +109,6 @@ def owner_of(model: type[RunOwner]) -> Owner:
 
 def registered() -> list[Owner]:
     return list(_owners.values())
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 # ---------------------------------------------------------------------------------------------- the row
