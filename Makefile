@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 help:
 	@echo "make run    start Lineage (embedded Postgres + Redis, web, worker, beat) on http://127.0.0.1:8000"
 	@echo "make test   run the whole test suite against its own embedded services"
-	@echo "make lint   ruff + basedpyright + makemigrations --check"
+	@echo "make lint   ruff + import-linter's contracts (.importlinter) + basedpyright + makemigrations --check"
 	@echo "make bench NAME=durable_steps   run one benchmark"
 	@echo "make manage ARGS='shell'        run manage.py with the embedded services up"
 	@echo "make lock   pin the runtime dependencies (pylock.toml, what the production image installs)"
@@ -33,6 +33,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/basedpyright
 	$(PY) -m config.supervisor --data .data/test exec --fast -- $(PY) manage.py makemigrations --check --dry-run
 

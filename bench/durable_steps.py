@@ -4,7 +4,7 @@ All three write to the same embedded Postgres with its durable settings (fsync a
 on), each in its own database, and run in one process in alternating rounds (A B C A B C ...):
 
 - ours:  `bench.sequential` (100 `ctx.step` inline calls of a trivial function), started with
-         durable.services.run_start (Celery dispatch off) and driven by durable.engine.execute_turn;
+         durable.services.run_start (Celery dispatch off) and driven by durable.turns.execute_turn;
 - DBOS:  a `@DBOS.workflow()` calling a `@DBOS.step()` 100 times, system database on the same server;
 - raw:   one prepared single-row INSERT per step through psycopg, one commit each.
 
@@ -40,12 +40,12 @@ TARGET_VS_RAW = 0.5
 
 def run_ours(workflows: int, steps: int) -> float:
     """Start and drive `workflows` runs of `steps` inline steps each; returns elapsed seconds."""
-    from durable import engine, services
+    from durable import services, turns
 
     started = time.perf_counter()
     for _ in range(workflows):
         run = services.run_start(workflow="bench.sequential", input={"steps": steps})
-        result = engine.execute_turn(run.id)
+        result = turns.execute_turn(run.id)
         if result.outcome != "completed":
             raise RuntimeError(f"run {run.id} ended {result.outcome}: {result.error}")
     return time.perf_counter() - started
@@ -77,7 +77,7 @@ def run_raw_checkpoint(conn, workflows: int, steps: int) -> float:
     engine around it; separates the engine's Python cost from the schema's (row width, indexes)."""
     from datetime import UTC, datetime
 
-    from durable.engine import INSERT_DONE_SQL
+    from durable.store import INSERT_DONE_SQL
 
     cursor = conn.cursor()
     started = time.perf_counter()

@@ -1,8 +1,7 @@
 """Workflows the durable benchmarks run. Workers import this module through
 DURABLE_WORKFLOW_MODULES=bench.durable_workflows, so queued fan steps resolve here."""
 
-from durable import workflow
-from durable.engine import Step
+from durable import Step, workflow
 
 
 def trivial(index):

@@ -325,7 +325,7 @@ def run_on_workers(version, *, invocations: int, workers: int, timeout: float, d
 # (module, class or "", attribute, phase): each wrapped with a timer for the breakdown, restored afterwards
 PHASES = [
     ("durable.inprocess", "", "run_until_settled", "in-process driver (polls; not on a worker's path)"),
-    ("durable.engine", "", "execute_turn", "turn: the rest (the workflow's code, claim to finish)"),
+    ("durable.turns", "", "execute_turn", "turn: the rest (the workflow's code, claim to finish)"),
     ("durable.store", "", "run_claim", "turn: claim"),
     ("durable.store", "", "run_release", "turn: release (suspend)"),
     ("durable.store", "", "run_finish", "turn: finish"),

@@ -34,9 +34,10 @@ from config.home_charts import GRID, STATUS_COLOURS
 from config.svg import clip
 from config.svg import svg as svg_root
 from durable import owners, selectors, services
-from durable.codec import Undecodable, decode, decode_strict
+from durable.codec import decode, decode_strict
+from durable.errors import InvalidFilter, InvalidRunState, RunNotFound, Undecodable, UnknownWorkflow
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, RunAttribute, Schedule
-from durable.registry import UnknownWorkflow, get_workflow, workflow_names
+from durable.registry import get_workflow, workflow_names
 from durable.schedules import validate_schedule
 from workspaces.admin_scope import WorkspaceScopedAdmin, per_request, sees_everything, workspaces_for
 
@@ -246,7 +247,7 @@ class AttributeParamFilter(admin.SimpleListFilter):
             return queryset
         try:
             return selectors.run_filter(queryset, attributes=[selectors.AttributeFilter.parse(self.value())])
-        except selectors.InvalidFilter as exc:
+        except InvalidFilter as exc:
             raise IncorrectLookupParameters(exc.message) from None
 
 
@@ -448,7 +449,7 @@ class DurableRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
         checkpoints, children or log entries the run has."""
         try:
             entries = selectors.run_timeline(run.id, include_payloads=True, limit=TIMELINE_LIMIT + 1)
-        except services.RunNotFound:
+        except RunNotFound:
             entries = []
         for entry in entries:
             entry.output_text = UNDECODABLE if "output" in entry.undecodable else (  # pyright: ignore[reportAttributeAccessIssue]: the page's text, on the entry it draws
@@ -465,7 +466,7 @@ class DurableRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
         show_all = request.GET.get("gantt") == "all"
         try:
             rows, more = selectors.run_gantt(run.id, limit=GANTT_ALL_ROWS if show_all else GANTT_ROWS)
-        except services.RunNotFound:
+        except RunNotFound:
             rows, more = [], False
         active = run.status in DurableRun.Status.ACTIVE
         gantt, span = gantt_svg(rows, origin=run.started_at or run.created_at, finish=run.ended_at,
@@ -580,7 +581,7 @@ class DurableRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
             with transaction.atomic():
                 outcome = services.signal_send(run_id=run.id, name=name, payload=payload)
                 self._log(request, [(run.id, f"Sent the signal {name!r} ({outcome}).", "")])
-        except (services.RunNotFound, services.InvalidRunState) as exc:
+        except (RunNotFound, InvalidRunState) as exc:
             self.message_user(request, f"Signal {name!r} not sent: {exc}.", messages.ERROR)
             return self._change_page(run)
         done = "delivered to its waiting step" if outcome == "delivered" else \
@@ -634,7 +635,7 @@ class DurableRunAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
                 try:
                     outcomes[services.signal_send(run_id=run_id, name=form.cleaned_data["name"],
                                                   payload=form.cleaned_data["payload"])] += 1
-                except (services.RunNotFound, services.InvalidRunState):
+                except (RunNotFound, InvalidRunState):
                     continue  # ended since it was selected
             self.message_user(
                 request,

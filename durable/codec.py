@@ -22,6 +22,8 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 
+from durable.errors import Undecodable
+
 logger = logging.getLogger("durable.codec")
 
 ENCRYPTED_PREFIX = "enc1:"
@@ -74,10 +76,6 @@ def encode(value) -> str:
     if cipher is None:
         return text
     return ENCRYPTED_PREFIX + cipher.encrypt(text.encode()).decode()
-
-
-class Undecodable(ValueError):
-    pass
 
 
 def decode_strict(text: str):

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import random
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
 from django.db import DatabaseError, DataError, connection, transaction
+from django.utils.timezone import now
 
 from durable import store
 from durable.codec import decode, encode
@@ -47,11 +47,15 @@ from durable.errors import (
     Suspend,
     WorkflowMisuse,
     _ControlFlow,
+    error_payload,
 )
 from durable.leases import lease_keeper
 from durable.registry import callable_path, get_workflow
+from durable.retry import NO_RETRIES, retry_at, step_options
 from durable.settings import durable_settings
 from durable.states import RunStatus, StepStatus
+from durable.steps import heartbeat
+from durable.store import checkpoint_row
 
 _Exc = TypeVar("_Exc", bound=BaseException)
 
@@ -82,53 +86,6 @@ class Child:
     input: object = None
     name: str = ""
     tags: Sequence[str] = ()
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
-
-
-def error_payload(exc: BaseException) -> dict:
-    import traceback
-
-    return {
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
-    }
-
-
-def backoff_delay(options: dict, attempt: int) -> float:
-    """Seconds before retry number `attempt` (1-based): fixed or exponential with cap and full jitter."""
-    base = float(options.get("backoff_base", 1.0))
-    cap = float(options.get("backoff_cap", 60.0))
-    fixed = options.get("backoff", "exponential") == "fixed"
-    delay = base if fixed else min(cap, base * (2 ** (attempt - 1)))
-    if options.get("jitter", True):
-        delay = random.uniform(delay / 2, delay)
-    return min(delay, cap)
-
-
-_NO_RETRIES = {"retries": 0}
-
-
-def step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout) -> dict:
-    if backoff not in ("fixed", "exponential"):
-        raise ValueError(f"backoff must be 'fixed' or 'exponential', not {backoff!r}")
-    options: dict = {"retries": int(retries)}
-    if retries:
-        options.update(backoff=backoff, backoff_base=backoff_base, backoff_cap=backoff_cap, jitter=jitter)
-    if timeout is not None:
-        options["timeout"] = float(timeout)
-    return options
-
-
-def checkpoint_row(run_id, seq, name, kind, *, input="", queue="", options=None, attempt=0, child_run_id="",
-                   group=None, wake_at=None, status="pending", output="", error="", started_at=None,
-                   completed_at=None, created=None, fence=0):
-    """A row for ``store.checkpoints_insert`` (columns of ``store.INSERT_PENDING_COLUMNS``)."""
-    return (run_id, seq, name, kind, status, input, output, error, queue, json.dumps(options or {}), attempt,
-            child_run_id, "", group, wake_at, created or now(), started_at, completed_at, fence)
 
 
 def _user_error(exc: BaseException) -> BaseException:
@@ -204,18 +161,14 @@ class _Aborted(Exception):
 
 
 class _Checkpoint:
+    """A checkpoint as a replay reads it (a row of ``store.checkpoints_for_replay``)."""
+
     __slots__ = ("attempt", "child_run_id", "error", "fence", "group", "kind", "name", "output", "queue", "seq",
                  "status", "wake_at")
 
     def __init__(self, row):
         (self.seq, self.name, self.kind, self.status, self.output, self.error, self.group, self.attempt,
          self.wake_at, self.queue, self.child_run_id, self.fence) = row
-
-
-REPLAY_SQL = f"""
-SELECT seq, name, kind, status, output, error, parallel_group, attempt, wake_at, queue, child_run_id, fence
-FROM {store.CP_TABLE} WHERE run_id = %s ORDER BY seq
-"""
 
 
 class Context:
@@ -353,7 +306,7 @@ class Context:
             self.commit_open()
             return self._run_inline(seq, name, fn, args, options, previous_attempt=checkpoint.attempt)
         if not retries and timeout is None and not queue:
-            options = _NO_RETRIES  # the hot path: nothing to validate or build
+            options = NO_RETRIES
         else:
             options = step_options(retries, backoff, backoff_base, backoff_cap, jitter, timeout)
         if queue:
@@ -378,8 +331,7 @@ class Context:
 
     def _inline_failed(self, seq, name, exc, options, attempt, previous_attempt):
         error = encode(error_payload(exc))
-        retries_left = options.get("retries", 0) - (attempt - 1)
-        wake_at = now() + timedelta(seconds=backoff_delay(options, attempt)) if retries_left > 0 else None
+        wake_at = retry_at(options, attempt)
         status = StepStatus.PENDING if wake_at else StepStatus.FAILED
         if previous_attempt is None:
             self._insert([checkpoint_row(self.run_id, seq, name, "step", options=options, attempt=attempt,
@@ -476,12 +428,10 @@ class Context:
         if checkpoint is not None:
             return
         with transaction.atomic():
-            upsert_attributes(self.run_id, attributes)
+            store.upsert_attributes(self.run_id, attributes)
             self._record(seq, "set_attributes", "value", sorted(attributes), leased=True)
 
     def heartbeat(self, progress=None) -> None:
-        from durable.steps import heartbeat
-
         heartbeat(progress)
 
     @ctx_call
@@ -530,16 +480,10 @@ class Context:
             return self._resolve_wait(seq, checkpoint, default)
         deadline = now() + timedelta(seconds=timeout) if timeout is not None else None
         with transaction.atomic():
-            lock_signal(self.run_id, name)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"DELETE FROM {store.SIGNAL_TABLE} WHERE id = (SELECT id FROM {store.SIGNAL_TABLE} "
-                    "WHERE run_id = %s AND name = %s ORDER BY id LIMIT 1 FOR UPDATE) RETURNING payload",
-                    [self.run_id, name],
-                )
-                buffered = cursor.fetchone()
+            store.lock_signal(self.run_id, name)
+            buffered = store.signal_take(self.run_id, name)
             if buffered is not None:
-                payload = decode(buffered[0], column="signal.payload", row=self.run_id)
+                payload = decode(buffered, column="signal.payload", row=self.run_id)
                 self._record(seq, name, "signal", {"payload": payload}, leased=True)
                 return payload
             self._wait(seq, name, "signal", name, {}, deadline)
@@ -556,18 +500,9 @@ class Context:
             return self._resolve_wait(seq, checkpoint, default)
         deadline = now() + timedelta(seconds=timeout) if timeout is not None else None
         with transaction.atomic():
-            lock_event(self.namespace, name)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"DELETE FROM {store.EVENT_TABLE} WHERE id = (SELECT id FROM {store.EVENT_TABLE} "
-                    "WHERE namespace = %s AND name = %s AND payload @> %s::jsonb "
-                    "AND expires_at > statement_timestamp() ORDER BY created_at, id LIMIT 1 FOR UPDATE) "
-                    "RETURNING payload",
-                    [self.namespace, name, json.dumps(match)],
-                )
-                buffered = cursor.fetchone()
-            if buffered is not None:
-                payload = buffered[0] if not isinstance(buffered[0], str) else json.loads(buffered[0])
+            store.lock_event(self.namespace, name)
+            payload = store.event_take(self.namespace, name, match)
+            if payload is not None:
                 self._record(seq, name, "event", {"payload": payload}, leased=True)
                 return payload
             self._wait(seq, name, "event", name, match, deadline)
@@ -586,9 +521,9 @@ class Context:
         if checkpoint.wake_at is not None and checkpoint.wake_at <= now():
             with transaction.atomic():
                 if checkpoint.kind == "signal":
-                    lock_signal(self.run_id, checkpoint.name)
+                    store.lock_signal(self.run_id, checkpoint.name)
                 else:
-                    lock_event(self.namespace, checkpoint.name)
+                    store.lock_event(self.namespace, checkpoint.name)
                 if not self._settle(seq, StepStatus.COMPLETED, output_text=encode({"timed_out": True})):
                     # the signal won the race: read what it delivered
                     raise Suspend()
@@ -717,38 +652,3 @@ class Context:
             for queue, seqs in by_queue.items():
                 dispatch_steps(self.run_id, seqs, queue, self.priority)
 
-
-def lock_signal(run_id: str, name: str) -> None:
-    # serialises a wait's "buffered signal? else register a waiter" with a send's
-    # "waiter? else buffer", so neither can miss the other
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"durable:signal:{run_id}:{name}"])
-
-
-def lock_event(namespace: str, name: str) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                       [f"durable:event:{namespace}:{name}"])
-
-
-def upsert_attributes(run_id: str, attributes: dict) -> None:
-    # attributes exist to be searched, so they are stored as plain text/JSON, never through the payload codec
-    from django.core.serializers.json import DjangoJSONEncoder
-
-    rows = []
-    for key, value in attributes.items():
-        key = str(key)
-        if not key or len(key) > 100:
-            raise ValueError(f"attribute names are 1 to 100 characters, not {key[:120]!r}")
-        number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-        text = value if isinstance(value, str) else json.dumps(value, cls=DjangoJSONEncoder)
-        rows.append((run_id, key, text, number))
-    if not rows:
-        return
-    placeholders = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {store.ATTR_TABLE} (run_id, key, value, value_num) VALUES {placeholders} "
-            "ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value, value_num = EXCLUDED.value_num",
-            [v for row in rows for v in row],
-        )

@@ -1,9 +1,13 @@
-"""Sending turn and step messages to Celery, always after the surrounding transaction commits."""
+"""Sending turn and step messages to Celery, always after the surrounding transaction commits.
+
+Messages are sent by task name (``durable.run_turn``, ``durable.run_steps``): this module and the store,
+which dispatches as it changes a run, sit below ``durable.tasks`` and never import it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 
@@ -32,11 +36,9 @@ def dispatch_turn(run_id: str, priority: int = 0) -> None:
         return
 
     def send():
-        from durable.tasks import run_turn
-
         args = (run_id,)
-        run_turn.apply_async(args, queue=durable_settings().turn_queue, priority=celery_priority(priority),
-                             **_reprs(args))
+        current_app.send_task("durable.run_turn", args, queue=durable_settings().turn_queue,
+                              priority=celery_priority(priority), **_reprs(args))
 
     transaction.on_commit(send)
 
@@ -50,10 +52,9 @@ def dispatch_steps(run_id: str, seqs: Sequence[int], queue: str, priority: int =
     ordered = sorted(seqs)
 
     def send():
-        from durable.tasks import run_steps
-
         for start in range(0, len(ordered), chunk):
             args = (run_id, ordered[start:start + chunk])
-            run_steps.apply_async(args, queue=queue, priority=celery_priority(priority), **_reprs(args))
+            current_app.send_task("durable.run_steps", args, queue=queue, priority=celery_priority(priority),
+                                  **_reprs(args))
 
     transaction.on_commit(send)

@@ -2,9 +2,7 @@
 
 import hashlib
 
-from durable.context import Context
-from durable.engine import Step
-from durable.registry import workflow
+from durable import Context, Step, workflow
 
 
 def checksum(text: str) -> str:

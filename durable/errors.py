@@ -6,11 +6,18 @@ failed, a non-deterministic replay, a misused ``ctx``) derives from ``BaseExcept
 workflow code's ``except Exception`` cannot swallow it; the context also remembers it, so a
 turn whose code swallowed one anyway (``except BaseException``, a ``finally`` that returns)
 still ends the way the engine decided.
+
+The errors of the engine's services, selectors and registries (a run not found, a status that refuses
+an operation, an unknown workflow, a filter that cannot apply, a payload that cannot be read) are
+here too: the API answers those that subclass ``config.errors``' root once.
 """
 
 from __future__ import annotations
 
+import traceback
 from datetime import datetime
+
+from config.errors import Conflict, Invalid, NotFound
 
 
 class DurableError(Exception):
@@ -100,3 +107,47 @@ class ContinueAsNew(_ControlFlow):
     def __init__(self, input):
         super().__init__("continue as new")
         self.input = input
+
+
+def error_payload(exc: BaseException) -> dict:
+    """An exception as a checkpoint or a run records it: its type, message and (the end of) its traceback."""
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
+    }
+
+
+# ------------------------------------------------------------------------ services, selectors, registries
+
+
+class RunNotFound(NotFound):
+    """No run with this id (the id is the message)."""
+
+
+class InvalidRunState(Conflict, ValueError):
+    """The run's status does not allow the operation (a signal to a run that has ended)."""
+
+
+class RunIdConflict(Exception):
+    """A run id is already taken by a run of another namespace."""
+
+
+class UnknownWorkflow(LookupError):
+    """No durable workflow is registered under this name."""
+
+
+class RunRefused(Exception):
+    """A run was given a row it does not own (another workspace's, or one another run drives)."""
+
+
+class InvalidFilter(Invalid):
+    """A filter value the selectors cannot apply; `param` names the offending filter."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message, field=param)
+        self.param = param
+
+
+class Undecodable(ValueError):
+    """A stored payload that cannot be read (a wrong key, a row edited by hand)."""

@@ -11,7 +11,7 @@ import time
 from django.db import connection
 from django.utils import timezone
 
-from durable import engine
+from durable import steps, store, turns
 from durable.models import DurableRun
 
 
@@ -19,7 +19,7 @@ def _step_work(run_ids: list[str]) -> dict[str, list[int]]:
     """Queued steps ready to run: never attempted, or a retry that is due."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT run_id, seq FROM {engine.CP_TABLE} WHERE run_id = ANY(%s) AND status = 'pending' "
+            f"SELECT run_id, seq FROM {store.CP_TABLE} WHERE run_id = ANY(%s) AND status = 'pending' "
             "AND queue <> '' AND (attempt = 0 OR wake_at IS NULL OR wake_at <= statement_timestamp()) ORDER BY run_id, seq",
             [run_ids],
         )
@@ -32,8 +32,8 @@ def _step_work(run_ids: list[str]) -> dict[str, list[int]]:
 def _next_timer(run_ids: list[str]):
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT min(t) FROM (SELECT wake_at AS t FROM {engine.RUN_TABLE} WHERE id = ANY(%s) "
-            f"AND status = 'suspended' AND wake_at IS NOT NULL UNION ALL SELECT wake_at FROM {engine.CP_TABLE} "
+            f"SELECT min(t) FROM (SELECT wake_at AS t FROM {store.RUN_TABLE} WHERE id = ANY(%s) "
+            f"AND status = 'suspended' AND wake_at IS NOT NULL UNION ALL SELECT wake_at FROM {store.CP_TABLE} "
             "WHERE run_id = ANY(%s) AND status = 'pending' AND queue <> '' AND attempt > 0) AS timers",
             [run_ids, run_ids],
         )
@@ -45,17 +45,17 @@ def run_until_settled(run_id: str, *, max_wait: float = 10.0, max_iterations: in
     world can deliver (a signal, an event, a timer further than `max_wait` seconds away)."""
     deadline = time.monotonic() + max_wait
     for _ in range(max_iterations):
-        run_ids = [run_id, *engine.descendant_run_ids([run_id])]
+        run_ids = [run_id, *store.descendant_run_ids([run_id])]
         progressed = False
         states = DurableRun.objects.filter(pk__in=run_ids).values_list("id", "status", "wake_pending", "wake_at")
         for current, status, wake_pending, wake_at in states:
             if status in DurableRun.Status.ACTIVE and (
                 wake_pending or status == "pending" or (wake_at is not None and wake_at <= timezone.now())
             ):
-                outcome = engine.execute_turn(current).outcome
+                outcome = turns.execute_turn(current).outcome
                 progressed = progressed or outcome != "not_claimed"
         for current, seqs in _step_work(run_ids).items():
-            result = engine.execute_steps(current, seqs)
+            result = steps.execute_steps(current, seqs)
             progressed = progressed or result["claimed"] > 0
         run = DurableRun.objects.get(pk=run_id)
         if run.status in DurableRun.Status.TERMINAL:

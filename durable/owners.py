@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection, models, transaction
+from django.utils.timezone import now
 from psycopg.errors import DeadlockDetected
 
-from durable.errors import StepFailed
+from durable.errors import RunRefused, StepFailed
 from durable.models import DurableRun
 from durable.selectors import runs_ended_without_owner
 from workspaces.models import Workspace
@@ -64,10 +64,6 @@ class RunOwner(models.Model):
 
     class Meta:
         abstract = True
-
-
-class RunRefused(Exception):
-    """A run was given a row it does not own (another workspace's, or one another run drives)."""
 
 
 @dataclass
@@ -113,10 +109,6 @@ def owner_of(model: type[RunOwner]) -> Owner:
 
 def registered() -> list[Owner]:
     return list(_owners.values())
-
-
-def now() -> datetime:
-    return datetime.now(UTC)
 
 
 # ---------------------------------------------------------------------------------------------- the row

@@ -21,9 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
 
-
-class UnknownWorkflow(LookupError):
-    pass
+from durable.errors import UnknownWorkflow
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import logging
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
-from durable import engine, store
+from durable import store
 from durable.models import DurableRun
 from durable.settings import durable_settings
 
@@ -69,11 +69,11 @@ def apply_policy(policy: dict, *, max_chunks: int = 20) -> int:
         where = " AND ".join(conditions)
         queries = []
         if age is not None:
-            queries.append((f"SELECT id FROM {engine.RUN_TABLE} WHERE {where} "
+            queries.append((f"SELECT id FROM {store.RUN_TABLE} WHERE {where} "
                             "AND ended_at < statement_timestamp() - make_interval(days => %s) ORDER BY ended_at LIMIT %s",
                             [*params, int(age), CHUNK]))
         if count is not None:
-            queries.append((f"SELECT id FROM {engine.RUN_TABLE} WHERE {where} "
+            queries.append((f"SELECT id FROM {store.RUN_TABLE} WHERE {where} "
                             "ORDER BY ended_at DESC NULLS LAST, id DESC OFFSET %s LIMIT %s",
                             [*params, int(count), CHUNK]))
         ids: set[str] = set()
@@ -90,7 +90,7 @@ def apply_policy(policy: dict, *, max_chunks: int = 20) -> int:
 def prune_buffered_events(*, batch: int = 5000) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM {engine.EVENT_TABLE} WHERE id IN (SELECT id FROM {engine.EVENT_TABLE} "
+            f"DELETE FROM {store.EVENT_TABLE} WHERE id IN (SELECT id FROM {store.EVENT_TABLE} "
             "WHERE expires_at < statement_timestamp() ORDER BY expires_at LIMIT %s)", [batch],
         )
         return cursor.rowcount

@@ -17,24 +17,15 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
-from config.errors import Invalid
-from durable.codec import Undecodable, decode, decode_strict
+from durable.codec import decode, decode_strict
+from durable.errors import InvalidFilter, RunNotFound, Undecodable
 from durable.models import DurableRun, RunAttribute, StepCheckpoint
-from durable.services import RunNotFound
 
 PAYLOAD_COLUMNS = ("input", "output", "error")
 ATTRIBUTE_OPS = ("eq", "ne", "gt", "gte", "lt", "lte")
 NUMERIC_OPS = frozenset({"gt", "gte", "lt", "lte"})
 DEFAULT_ORDERING = ("-created_at", "-id")
 ORDERABLE = frozenset({"created_at", "started_at", "ended_at", "updated_at", "workflow", "status", "priority", "id"})
-
-
-class InvalidFilter(Invalid):
-    """A filter value the selectors cannot apply; `param` names the offending filter."""
-
-    def __init__(self, param: str, message: str):
-        super().__init__(message, field=param)
-        self.param = param
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Writes on durable runs: start, signal, publish, cancel, retry, schedules.
+"""Writes on durable runs: create, start, signal, publish, cancel, retry, schedules.
 
 Every state change is a compare-and-set on the row's status, so concurrent callers (two
 operators, a tick and a turn) cannot apply the same change twice or undo each other.
@@ -14,24 +14,24 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from config.errors import Conflict, NotFound
-from durable import engine, store
+from durable import store
 from durable.codec import decode, encode
+from durable.errors import InvalidRunState, RunIdConflict, RunNotFound
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, Schedule
 from durable.registry import get_workflow
+from durable.schedules import next_window, validate_schedule
 from durable.settings import durable_settings
 
 
-class RunNotFound(NotFound):
-    """No run with this id (the id is the message)."""
-
-
-class InvalidRunState(Conflict, ValueError):
-    """The run's status does not allow the operation (a signal to a run that has ended)."""
-
-
-class RunIdConflict(Exception):
-    """A run id is already taken by a run of another namespace."""
+def run_create(*, run_id: str, workflow: str, input=None, namespace: str = "default", tags: Sequence[str] = (),
+               priority: int = 0, parent_id: str | None = None, parent_seq: int | None = None,
+               dispatch: bool = True) -> bool:
+    """Insert a pending run (idempotent on its id) and dispatch its first turn after commit.
+    Returns False when a run with this id already exists. Nothing is validated: ``run_start`` is the
+    checked start of a caller's run; the engine's own starts (a schedule's window, a compensation) use this."""
+    return store.run_insert(run_id=run_id, workflow=workflow, input_text=encode(input), namespace=namespace,
+                            tags=tags, priority=priority, parent_id=parent_id, parent_seq=parent_seq,
+                            dispatch=dispatch)
 
 
 def run_start(*, workflow: str, input=None, run_id: str | None = None, namespace: str = "default",
@@ -46,8 +46,8 @@ def run_start(*, workflow: str, input=None, run_id: str | None = None, namespace
     except TypeError as exc:
         raise ValueError(f"input is not JSON-serialisable: {exc}") from None
     run_id = run_id or uuid.uuid4().hex
-    engine.create_run(run_id=run_id, workflow=workflow, input=input, namespace=namespace, tags=list(tags),
-                      priority=int(priority))
+    run_create(run_id=run_id, workflow=workflow, input=input, namespace=namespace, tags=list(tags),
+               priority=int(priority))
     run = DurableRun.objects.get(pk=run_id)
     if run.namespace != namespace:
         raise RunIdConflict(f"run id {run_id!r} is taken by another namespace")
@@ -71,7 +71,7 @@ def signal_send(*, run_id: str, name: str, payload=None) -> str:
             raise RunNotFound(run_id)
         if status not in DurableRun.Status.ACTIVE:
             raise InvalidRunState(f"run {run_id} is {status}; signals reach active runs only")
-        engine.lock_signal(run_id, name)
+        store.lock_signal(run_id, name)
         if store.signal_deliver(run_id=run_id, name=name, payload_text=encode({"payload": payload})):
             return "delivered"
         BufferedSignal.objects.create(run_id=run_id, name=name, payload=encode(payload))
@@ -87,7 +87,7 @@ def event_publish(*, name: str, payload: dict | None = None, namespace: str = "d
         raise ValueError("an event payload is a JSON object")
     text = json.dumps(payload, default=str)
     with transaction.atomic():
-        engine.lock_event(namespace, name)
+        store.lock_event(namespace, name)
         reached = store.event_deliver(namespace=namespace, name=name, payload_json=text,
                                       output_text=encode({"payload": payload}))
         if not reached:
@@ -114,10 +114,9 @@ def run_cancel(*, run_id: str, reason: str = "cancelled by an operator", compens
         if compensate:
             definition = get_workflow(workflow)
             if definition.compensation:
-                engine.create_run(run_id=f"{run_id}:compensate", workflow=definition.compensation,
-                                  namespace=namespace, tags=[*(tags or []), "compensation"],
-                                  input={"run_id": run_id, "input": decode(input_text, column="run.input",
-                                                                           row=run_id)})
+                run_create(run_id=f"{run_id}:compensate", workflow=definition.compensation,
+                           namespace=namespace, tags=[*(tags or []), "compensation"],
+                           input={"run_id": run_id, "input": decode(input_text, column="run.input", row=run_id)})
     return True
 
 
@@ -162,8 +161,6 @@ def schedule_save(*, key: str, workflow: str, namespace: str = "default", input=
                   jitter_seconds: int = 0, catchup_limit: int = 1, tags: Sequence[str] = ()) -> Schedule:
     """Create or update the schedule `key` of `namespace` (keys are per namespace) and compute its next
     window."""
-    from durable.schedules import next_window, validate_schedule
-
     get_workflow(workflow)
     validate_schedule(every_seconds=every_seconds, cron=cron, timezone_name=timezone_name)
     schedule, _ = Schedule.objects.update_or_create(

@@ -26,15 +26,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import DatabaseError, OperationalError, connection
+from django.utils.timezone import now
 
 from config import telemetry
 from config.logging import log_context
 from durable import store
 from durable.codec import decode, encode
-from durable.context import backoff_delay, error_payload, now
-from durable.errors import DurableError, StepAbandoned, TryLater
+from durable.errors import DurableError, StepAbandoned, TryLater, error_payload
 from durable.leases import keeper
 from durable.registry import resolve_callable
+from durable.retry import failed_tries, retry_at
 from durable.settings import durable_settings
 from durable.states import StepStatus
 
@@ -223,10 +224,8 @@ def _run_step(run_id, step_id, seq, name, input_text, options, attempt, timeout)
         return None
     except Exception as exc:
         error = encode(error_payload(exc))
-        spent = attempt - 1 - sum((options.get("deferrals") or {}).values())
-        retries_left = int(options.get("retries", 0)) - spent
-        if retries_left > 0:
-            wake_at = now() + timedelta(seconds=backoff_delay(options, spent + 1))
+        wake_at = retry_at(options, failed_tries(options, attempt))
+        if wake_at is not None:
             return (step_id, attempt, StepStatus.PENDING, "", error, wake_at, started, patch)
         return (step_id, attempt, StepStatus.FAILED, "", error, None, started, patch)
     finally:

@@ -33,7 +33,9 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 import psycopg
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
+from django.utils.timezone import now
 
 from config import telemetry
 from durable.codec import decode, encode
@@ -366,6 +368,18 @@ def runs_renew_leases(leases: dict[str, str], lease_seconds: float) -> set[str]:
 # --------------------------------------------------------------------------- a turn's checkpoints
 
 
+REPLAY_SQL = f"""
+SELECT seq, name, kind, status, output, error, parallel_group, attempt, wake_at, queue, child_run_id, fence
+FROM {CP_TABLE} WHERE run_id = %s ORDER BY seq
+"""
+
+
+def checkpoints_for_replay(cursor: psycopg.Cursor, run_id: str) -> list[tuple]:
+    """Every checkpoint of the run, in sequence order, as a replay reads them (the columns of REPLAY_SQL)."""
+    execute_prepared(cursor, REPLAY_SQL, (run_id,))
+    return cursor.fetchall()
+
+
 INSERT_DONE_SQL = f"""
 INSERT INTO {CP_TABLE} (run_id, seq, name, kind, status, input, output, error, queue, options, attempt,
                         child_run_id, heartbeat_progress, fence, created_at, started_at, completed_at)
@@ -430,6 +444,14 @@ INSERT_PENDING_COLUMNS = ("run_id", "seq", "name", "kind", "status", "input", "o
 _PENDING_TYPES = ("text", "int", "text", "text", "text", "text", "text", "text", "text", "jsonb", "int", "text",
                   "text", "int", "timestamptz", "timestamptz", "timestamptz", "timestamptz", "int")
 _PENDING_ROW = "(" + ", ".join(f"%s::{kind}" for kind in _PENDING_TYPES) + ")"
+
+
+def checkpoint_row(run_id, seq, name, kind, *, input="", queue="", options=None, attempt=0, child_run_id="",
+                   group=None, wake_at=None, status="pending", output="", error="", started_at=None,
+                   completed_at=None, created=None, fence=0):
+    """A row for ``checkpoints_insert`` (the columns of ``INSERT_PENDING_COLUMNS``)."""
+    return (run_id, seq, name, kind, status, input, output, error, queue, json.dumps(options or {}), attempt,
+            child_run_id, "", group, wake_at, created or now(), started_at, completed_at, fence)
 
 
 def checkpoints_insert(cursor, rows: list[tuple], *, token: str | None = None, batch: int = 200) -> int:
@@ -705,6 +727,49 @@ def steps_dispatch_due(*, redispatch_after: float, batch: int) -> list[tuple]:
 # ------------------------------------------------------------------------------ signals and events
 
 
+def lock_signal(run_id: str, name: str) -> None:
+    # serialises a wait's "buffered signal? else register a waiter" with a send's
+    # "waiter? else buffer", so neither can miss the other
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"durable:signal:{run_id}:{name}"])
+
+
+def lock_event(namespace: str, name: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                       [f"durable:event:{namespace}:{name}"])
+
+
+def signal_take(run_id: str, name: str) -> str | None:
+    """Delete the run's oldest buffered signal of that name and return its payload text; None when there
+    is none. The caller holds the signal's advisory lock and records the wait in this transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {SIGNAL_TABLE} WHERE id = (SELECT id FROM {SIGNAL_TABLE} "
+            "WHERE run_id = %s AND name = %s ORDER BY id LIMIT 1 FOR UPDATE) RETURNING payload",
+            [run_id, name],
+        )
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def event_take(namespace: str, name: str, match: dict) -> dict | None:
+    """Delete the oldest unexpired buffered event of `namespace` and `name` whose payload contains `match`
+    and return its payload; None when there is none. The caller holds the event's advisory lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {EVENT_TABLE} WHERE id = (SELECT id FROM {EVENT_TABLE} "
+            "WHERE namespace = %s AND name = %s AND payload @> %s::jsonb "
+            "AND expires_at > statement_timestamp() ORDER BY created_at, id LIMIT 1 FOR UPDATE) "
+            "RETURNING payload",
+            [namespace, name, json.dumps(match)],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return row[0] if not isinstance(row[0], str) else json.loads(row[0])
+
+
 def signal_deliver(*, run_id: str, name: str, payload_text: str) -> str:
     """Deliver a signal to the run's oldest waiter of that name (settling its checkpoint and waking
     the run in this transaction); "" when there is none (the caller buffers it). The caller holds
@@ -757,6 +822,32 @@ def event_deliver(*, namespace: str, name: str, payload_json: str, output_text: 
         reached = [row[0] for row in cursor.fetchall()]
     runs_wake(set(reached))
     return len(reached)
+
+
+# ---------------------------------------------------------------------------------------- attributes
+
+
+def upsert_attributes(run_id: str, attributes: dict) -> None:
+    """Set a run's search attributes (insert or replace, by key). ValueError on a name that is empty or too
+    long."""
+    # attributes exist to be searched, so they are stored as plain text/JSON, never through the payload codec
+    rows = []
+    for key, value in attributes.items():
+        key = str(key)
+        if not key or len(key) > 100:
+            raise ValueError(f"attribute names are 1 to 100 characters, not {key[:120]!r}")
+        number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        text = value if isinstance(value, str) else json.dumps(value, cls=DjangoJSONEncoder)
+        rows.append((run_id, key, text, number))
+    if not rows:
+        return
+    placeholders = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {ATTR_TABLE} (run_id, key, value, value_num) VALUES {placeholders} "
+            "ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value, value_num = EXCLUDED.value_num",
+            [v for row in rows for v in row],
+        )
 
 
 # --------------------------------------------------------------------------------------- operators

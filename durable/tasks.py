@@ -1,9 +1,10 @@
-"""Celery entry points of the engine: thin wrappers around durable.engine, durable.tick and durable.owners."""
+"""Celery entry points of the engine: thin wrappers around durable.turns, durable.steps, durable.tick,
+durable.retention and durable.owners. Sent by name (durable.dispatch, the beat schedule)."""
 
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
-from durable import engine, owners, retention, tick
+from durable import owners, retention, steps, tick, turns
 from durable.errors import TurnInterrupted
 
 
@@ -13,7 +14,7 @@ def run_turn(run_id: str) -> str:
     """One turn of a run. Sent on every wake (start, settled step, due timer, signal). Safe to retry
     and to deliver twice: the claim is a compare-and-set on the run's lease. An engine write that
     failed mid-turn raises TurnInterrupted after giving the run back, and the task is retried."""
-    return engine.execute_turn(run_id).outcome
+    return turns.execute_turn(run_id).outcome
 
 
 @shared_task(name="durable.run_steps", autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
@@ -21,7 +22,7 @@ def run_turn(run_id: str) -> str:
 def run_steps(run_id: str, seqs: list[int]) -> dict:
     """A batch of one run's queued steps. Sent when a step or fan is started and by the tick for due
     retries. Safe to deliver twice: each step is claimed pending -> running once."""
-    return engine.execute_steps(run_id, seqs)
+    return steps.execute_steps(run_id, seqs)
 
 
 @shared_task(name="durable.tick", ignore_result=True)

@@ -15,7 +15,7 @@ from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
 
-from durable import engine, store
+from durable import services, store
 from durable.codec import encode
 from durable.models import DurableRun, Schedule
 from durable.schedules import due_windows, jitter_for, next_window, run_id_for
@@ -99,8 +99,8 @@ def fire_due_schedules(*, now=None) -> int:
                     logger.info("durable: schedule %s skipped window %s (previous run active)", schedule.key, window)
                     continue
                 run_id = run_id_for(schedule, window)
-                if engine.create_run(run_id=run_id, workflow=schedule.workflow, input=schedule.input,
-                                     namespace=schedule.namespace, tags=[*schedule.tags, f"schedule:{schedule.key}"]):
+                if services.run_create(run_id=run_id, workflow=schedule.workflow, input=schedule.input,
+                                       namespace=schedule.namespace, tags=[*schedule.tags, f"schedule:{schedule.key}"]):
                     started += 1
                 schedule.last_run_id = run_id
             if windows:

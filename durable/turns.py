@@ -21,7 +21,7 @@ from config import telemetry
 from config.logging import log_context
 from durable import store
 from durable.codec import decode, encode
-from durable.context import REPLAY_SQL, Context, _Checkpoint, error_payload
+from durable.context import Context, _Checkpoint
 from durable.errors import (
     ContinueAsNew,
     EngineWriteFailed,
@@ -29,11 +29,13 @@ from durable.errors import (
     NonDeterminismError,
     Suspend,
     TurnInterrupted,
+    UnknownWorkflow,
     WorkflowMisuse,
     _ControlFlow,
+    error_payload,
 )
 from durable.leases import lease_keeper, worker_token
-from durable.registry import UnknownWorkflow, get_workflow
+from durable.registry import get_workflow
 from durable.settings import durable_settings
 from durable.states import RunStatus
 
@@ -85,8 +87,7 @@ def _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority,
           epoch, fence) -> TurnResult:
     checkpoints = {}
     if turns > 1:  # the first claim of a history: nothing can have been checkpointed yet
-        store.execute_prepared(cursor, REPLAY_SQL, (run_id,))
-        rows = cursor.fetchall()
+        rows = store.checkpoints_for_replay(cursor, run_id)
         checkpoints = {row[0]: _Checkpoint(row) for row in rows if row[-1] == fence}
         if len(checkpoints) != len(rows):  # late writes of an abandoned history
             store.checkpoints_drop_stale(run_id=run_id, token=token, fence=fence)

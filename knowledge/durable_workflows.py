@@ -10,8 +10,7 @@ Any failure is recorded on the source (ingest_status failed, ingest_error) and f
 
 from __future__ import annotations
 
-from durable import Context, workflow
-from durable.engine import FanFailed, Step, StepFailed
+from durable import Context, FanFailed, Step, StepFailed, workflow
 from knowledge.conf import knowledge_settings
 from knowledge.ingestion import (
     IngestError,

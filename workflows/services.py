@@ -204,7 +204,8 @@ def invocation_decide(*, invocation, decision: str, comment: str = "", user=None
     InvalidInvocationState. Returns the node invocation."""
     from django.utils import timezone
 
-    from durable.services import InvalidRunState, RunNotFound, signal_send
+    from durable.errors import InvalidRunState, RunNotFound
+    from durable.services import signal_send
     from workflows.models import NodeInvocation
 
     if decision not in ("approve", "reject"):

@@ -8,6 +8,7 @@ from django import forms
 from drf_spectacular.utils import extend_schema_field
 
 from durable import selectors
+from durable.errors import InvalidFilter
 from durable.models import DurableRun, Schedule
 from workspaces.api.filters import WorkspaceFilter
 
@@ -52,7 +53,7 @@ class RunFilter(django_filters.FilterSet):
         for text in self.form.cleaned_data.get("attr") or []:
             try:
                 items.append(selectors.AttributeFilter.parse(text))
-            except selectors.InvalidFilter as exc:
+            except InvalidFilter as exc:
                 # the message quotes the caller's text: pass it as a parameter, never as a %-template
                 self.form.add_error("attr", forms.ValidationError("%(message)s", params={"message": exc.message}))
         return items

@@ -3,8 +3,9 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
+from durable.errors import UnknownWorkflow
 from durable.models import DurableRun, Schedule
-from durable.registry import UnknownWorkflow, get_workflow
+from durable.registry import get_workflow
 from durable.schedules import validate_schedule
 from durable.selectors import attribute_value
 from workspaces.api.base import WorkspaceField

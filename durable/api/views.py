@@ -34,8 +34,8 @@ from durable.api.serializers import (
     api_startable,
     workspace_id_of,
 )
+from durable.errors import RunIdConflict, UnknownWorkflow
 from durable.models import DurableRun, RunAttribute, Schedule
-from durable.registry import UnknownWorkflow
 from workspaces.api.base import WorkspaceScopedMixin, member_namespaces
 from workspaces.api.pagination import IdCursorPagination
 
@@ -170,7 +170,7 @@ class RunViewSet(NamespaceScopedMixin, mixins.ListModelMixin, viewsets.GenericVi
                                      namespace=workspace.namespace, tags=data["tags"], priority=data["priority"])
         except UnknownWorkflow as exc:
             raise exceptions.ValidationError({"workflow": [str(exc)]}) from None
-        except services.RunIdConflict:
+        except RunIdConflict:
             raise Conflict("A run with this id already exists.") from None
         except ValueError as exc:
             raise exceptions.ValidationError({"input": [str(exc)]}) from None

@@ -1022,7 +1022,7 @@ class ChaosDriver:
     # -- the driver's actions on one run
 
     def _act(self, plan: Plan, now: float, statuses: dict[str, str]) -> None:
-        from durable import services
+        from durable import errors, services
 
         if not plan.started:
             if now >= plan.start_at:
@@ -1036,7 +1036,7 @@ class ChaosDriver:
                 outcome = services.signal_send(run_id=plan.run_id, name="go", payload={"add": plan.input["add"]})
                 self.stats["signals"] += 1
                 plan.note(now, f"signal {outcome}")
-            except services.InvalidRunState:
+            except errors.InvalidRunState:
                 plan.note(now, f"signal refused ({status})")
             plan.signal_at = None
         if plan.cancel_at is not None and now >= plan.cancel_at:

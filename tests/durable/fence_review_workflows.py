@@ -82,7 +82,7 @@ def flaky(key):
 
 
 def fan_items(input):
-    from durable.engine import Step
+    from durable import Step
 
     return [Step("a", flaky, (input["key"],)), Step("b", ok, (2,))]
 

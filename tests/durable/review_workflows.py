@@ -2,8 +2,7 @@
 
 from pathlib import Path
 
-from durable import workflow
-from durable.engine import Child, ChildFailed, Step, StepFailed
+from durable import Child, ChildFailed, Step, StepFailed, workflow
 from tests.durable.workflows import beating, slow_record
 
 

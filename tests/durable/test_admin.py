@@ -12,10 +12,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from config.admin import EstimatedCountPaginator
-from durable.engine import upsert_attributes
 from durable.inprocess import run_until_settled
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, Schedule
 from durable.services import run_retry, run_start, signal_send
+from durable.store import upsert_attributes
 from tests.factories import KnowledgeSourceFactory, MembershipFactory, UserFactory, WorkspaceFactory
 from workspaces.models import Membership
 

@@ -5,10 +5,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from durable.engine import upsert_attributes
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun, Schedule
 from durable.services import run_start
+from durable.store import upsert_attributes
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from durable import engine, store, tick
+from durable import context, errors, steps, store, tick, turns
 from durable.codec import decode
 from durable.errors import TurnInterrupted
 from durable.inprocess import run_until_settled
@@ -31,8 +31,8 @@ def test_queued_steps_waiting_in_a_chunk_do_not_time_out_and_finished_ones_settl
     evidence = tmp_path / "runs.log"
     run = run_start(workflow="tests.slow_chunk", input={"path": str(evidence), "n": 3, "seconds": 0.5,
                                                         "timeout": 1.0})
-    engine.execute_turn(run.id)
-    worker, outcome = in_thread(engine.execute_steps, run.id, [0, 1, 2])
+    turns.execute_turn(run.id)
+    worker, outcome = in_thread(steps.execute_steps, run.id, [0, 1, 2])
     seen = {"settled_early": False}
 
     def first_settled_before_the_last():
@@ -107,7 +107,7 @@ class ProcessDied(BaseException):
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_dying_right_after_a_settle_commits_loses_no_wake():
     run = run_start(workflow="tests.queued")
-    engine.execute_turn(run.id)
+    turns.execute_turn(run.id)
     seen = {"settled": False}
 
     def die_after_the_settle_commits(execute, sql, params, many, context):
@@ -118,7 +118,7 @@ def test_a_worker_dying_right_after_a_settle_commits_loses_no_wake():
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(die_after_the_settle_commits), contextlib.suppress(ProcessDied):
-        engine.execute_steps(run.id, [0])
+        steps.execute_steps(run.id, [0])
     assert seen["settled"]
     assert StepCheckpoint.objects.get(run_id=run.id, seq=0).status == "completed"
     # the rows alone must say the run wants a turn, so the tick's lost-wake pass sends it
@@ -132,10 +132,10 @@ def test_a_worker_dying_right_after_a_settle_commits_loses_no_wake():
 @pytest.mark.django_db
 def test_fail_fast_replays_the_failure_it_first_raised():
     run = run_start(workflow="tests.fail_fast_handler", input={})
-    engine.execute_turn(run.id)  # starts the fan
-    engine.execute_steps(run.id, [1])  # b fails first
-    engine.execute_turn(run.id)  # fail_fast raises b; the handler runs, then sleeps
-    engine.execute_steps(run.id, [0])  # a fails later
+    turns.execute_turn(run.id)  # starts the fan
+    steps.execute_steps(run.id, [1])  # b fails first
+    turns.execute_turn(run.id)  # fail_fast raises b; the handler runs, then sleeps
+    steps.execute_steps(run.id, [0])  # a fails later
     run = run_until_settled(run.id)
     assert run.status == "completed", run.error
     assert decode(run.output) == {"handled": "b", "value": 1}
@@ -147,7 +147,7 @@ def test_fail_fast_replays_the_failure_it_first_raised():
 @pytest.mark.django_db
 def test_a_turn_still_running_when_its_run_is_cancelled_starts_no_child():
     run = run_start(workflow="tests.cancel_then_child", input={})
-    engine.execute_turn(run.id)
+    turns.execute_turn(run.id)
     assert _status(run.id) == "cancelled"
     assert not DurableRun.objects.filter(parent_id=run.id).exists()
 
@@ -159,13 +159,13 @@ def test_a_turn_still_running_when_its_run_is_cancelled_starts_no_child():
 def test_a_slow_worker_of_a_retried_run_cannot_settle_into_the_new_attempt(tmp_path):
     old_flag, new_flag = tmp_path / "old", tmp_path / "new"
     run = run_start(workflow="tests.gated_queued", input={"a": 1, "flag": str(old_flag)})
-    engine.execute_turn(run.id)
-    slow, slow_outcome = in_thread(engine.execute_steps, run.id, [0])
+    turns.execute_turn(run.id)
+    slow, slow_outcome = in_thread(steps.execute_steps, run.id, [0])
     wait_until(lambda: StepCheckpoint.objects.filter(run_id=run.id, status="running").exists())
     assert run_cancel(run_id=run.id)
     assert run_retry(run_id=run.id, input={"a": 100, "flag": str(new_flag)}, new_input=True)
-    engine.execute_turn(run.id)
-    fresh, fresh_outcome = in_thread(engine.execute_steps, run.id, [0])
+    turns.execute_turn(run.id)
+    fresh, fresh_outcome = in_thread(steps.execute_steps, run.id, [0])
     wait_until(lambda: StepCheckpoint.objects.filter(run_id=run.id, status="running").exists())
     old_flag.touch()  # the slow worker of the first attempt finishes first...
     slow.join(20)
@@ -183,7 +183,7 @@ def test_a_slow_worker_of_a_retried_run_cannot_settle_into_the_new_attempt(tmp_p
 def test_a_stale_turn_of_a_retried_run_cannot_checkpoint_into_the_new_history(tmp_path):
     old_flag, new_flag = tmp_path / "old", tmp_path / "new"
     run = run_start(workflow="tests.gated_inline", input={"a": 1, "flag": str(old_flag)})
-    stale, outcome = in_thread(engine.execute_turn, run.id)
+    stale, outcome = in_thread(turns.execute_turn, run.id)
     wait_until(lambda: _status(run.id) == "running")
     # the stalled turn loses its lease; an operator cancels and retries with new input
     assert run_cancel(run_id=run.id)
@@ -205,7 +205,7 @@ def test_a_stale_turn_of_a_retried_run_cannot_checkpoint_into_the_new_history(tm
 @pytest.mark.django_db
 def test_queued_steps_of_a_cancelled_run_are_never_dispatched_again():
     run = run_start(workflow="tests.fan", input={"n": 5})
-    engine.execute_turn(run.id)
+    turns.execute_turn(run.id)
     assert run_cancel(run_id=run.id)
     StepCheckpoint.objects.filter(run_id=run.id).update(wake_at=timezone.now() - timedelta(seconds=1))
     assert tick.dispatch_due_steps() == 0
@@ -215,11 +215,11 @@ def test_queued_steps_of_a_cancelled_run_are_never_dispatched_again():
 @pytest.mark.django_db
 def test_queued_steps_left_open_by_a_failed_run_are_cancelled():
     run = run_start(workflow="tests.fail_fast_handler", input={})
-    engine.execute_turn(run.id)
+    turns.execute_turn(run.id)
     StepCheckpoint.objects.filter(run_id=run.id, seq=1).update(status="failed", error='{"message": "b"}')
-    engine.execute_turn(run.id)  # fail_fast raises b while a is still queued; the handler sleeps
+    turns.execute_turn(run.id)  # fail_fast raises b while a is still queued; the handler sleeps
     time.sleep(0.02)
-    assert engine.execute_turn(run.id).outcome == "completed"
+    assert turns.execute_turn(run.id).outcome == "completed"
     assert StepCheckpoint.objects.get(run_id=run.id, seq=0).status == "cancelled"
 
 
@@ -238,7 +238,7 @@ def explode_once():
 def test_a_failed_engine_write_interrupts_the_turn_for_a_retry_and_workflow_code_cannot_swallow_it(explode_once):
     run = run_start(workflow="tests.swallows_errors", input={})
     with pytest.raises(TurnInterrupted):
-        engine.execute_turn(run.id)
+        turns.execute_turn(run.id)
     assert explode_once()
     row = DurableRun.objects.get(pk=run.id)  # Django's connection is usable again
     assert row.status == "suspended" and row.recovery_attempts == 1 and row.wake_at is not None
@@ -255,7 +255,7 @@ def test_a_failed_engine_write_interrupts_the_turn_for_a_retry_and_workflow_code
 def test_a_turn_that_makes_progress_resets_the_recovery_count():
     run = run_start(workflow="tests.signal", input={})
     DurableRun.objects.filter(pk=run.id).update(recovery_attempts=3)
-    engine.execute_turn(run.id)
+    turns.execute_turn(run.id)
     assert DurableRun.objects.get(pk=run.id).recovery_attempts == 0
 
 
@@ -265,13 +265,13 @@ def test_a_turn_whose_lease_was_taken_can_neither_wait_nor_start_children():
     cursor = store.raw_cursor()
     assert store.run_claim(cursor, run.id, "stale-turn", 30.0) is not None
     DurableRun.objects.filter(pk=run.id).update(locked_by="new-turn")  # recovered and re-claimed elsewhere
-    ctx = engine.Context(run_id=run.id, workflow="tests.parent", namespace="default", priority=0, checkpoints={},
-                         tags=[], token="stale-turn")
-    with pytest.raises(engine.LeaseLost):
+    ctx = context.Context(run_id=run.id, workflow="tests.parent", namespace="default", priority=0, checkpoints={},
+                          tags=[], token="stale-turn")
+    with pytest.raises(errors.LeaseLost):
         ctx.child("tests.child", {"x": 1})
-    with pytest.raises(engine.LeaseLost):
-        engine.Context(run_id=run.id, workflow="tests.parent", namespace="default", priority=0, checkpoints={},
-                       tags=[], token="stale-turn").sleep(60)
+    with pytest.raises(errors.LeaseLost):
+        context.Context(run_id=run.id, workflow="tests.parent", namespace="default", priority=0, checkpoints={},
+                        tags=[], token="stale-turn").sleep(60)
     assert not StepCheckpoint.objects.filter(run_id=run.id).exists()
     assert not DurableRun.objects.filter(parent_id=run.id).exists()
 
@@ -283,8 +283,8 @@ def test_a_late_step_of_an_abandoned_history_is_dropped_by_the_next_replay():
     stale_fence = DurableRun.objects.get(pk=run.id).fence
     assert run_retry(run_id=run.id)
     # a turn of the abandoned history, still running, records its next step after the retry
-    ctx = engine.Context(run_id=run.id, workflow="tests.child_then_check", namespace="default", priority=0,
-                         checkpoints={}, tags=[], token="stale-turn", fence=stale_fence)
+    ctx = context.Context(run_id=run.id, workflow="tests.child_then_check", namespace="default", priority=0,
+                          checkpoints={}, tags=[], token="stale-turn", fence=stale_fence)
     ctx._seq = 5
     ctx.step("late", lambda: "stale")
     assert StepCheckpoint.objects.filter(run_id=run.id, name="late").exists()

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 import tests.durable.fence_review_workflows as fr
-from durable import engine, selectors, services
+from durable import errors, selectors, services, steps, turns
 from durable.codec import decode
 from durable.inprocess import run_until_settled
 from durable.models import BufferedEvent, BufferedSignal, RunAttribute
@@ -30,7 +30,7 @@ def _long_lease(settings):
 def stalled_turn(run_id: str, key: str):
     """A turn of the run, in another thread, stalled in its gate step; returns (thread, outcome, release)."""
     entered, release = fr.arm(key)
-    worker, outcome = in_thread(engine.execute_turn, run_id)
+    worker, outcome = in_thread(turns.execute_turn, run_id)
     assert entered.wait(10), "the turn never reached its gate"
     return worker, outcome, release
 
@@ -138,13 +138,13 @@ def test_a_late_write_landing_inside_a_plain_retry_is_not_adopted_by_the_new_his
     history."""
     from django.db import connection
 
-    from durable.context import REPLAY_SQL, Context, _Checkpoint
-    from durable.store import raw_cursor
+    from durable.context import Context, _Checkpoint
+    from durable.store import REPLAY_SQL, raw_cursor
 
     key = uuid.uuid4().hex
     run = services.run_start(workflow="fence_review.fail_fast_fan", input={"key": key})
-    assert engine.execute_turn(run.id).outcome == "suspended"  # the fan is started
-    engine.execute_steps(run.id, [0])  # item "a" fails (its first call); item "b" has not run yet
+    assert turns.execute_turn(run.id).outcome == "suspended"  # the fan is started
+    steps.execute_steps(run.id, [0])  # item "a" fails (its first call); item "b" has not run yet
     cursor = raw_cursor()
     cursor.execute(REPLAY_SQL, (run.id,))
     snapshot = [_Checkpoint(row) for row in cursor.fetchall()]  # what a turn claimed now replays from
@@ -172,7 +172,7 @@ def test_a_late_write_landing_inside_a_plain_retry_is_not_adopted_by_the_new_his
     with connection.execute_wrapper(late_write_between_prune_and_restamp):
         assert services.run_retry(run_id=run.id)
     assert "stale" in state, "the retry never pruned the fan"
-    assert isinstance(state["stale"].get("error"), engine.LeaseLost), state["stale"]  # refused, not adopted
+    assert isinstance(state["stale"].get("error"), errors.LeaseLost), state["stale"]  # refused, not adopted
     run = run_until_settled(run.id, max_wait=5)
     assert run.status == "completed", decode(run.error).get("message")
     assert decode(run.output) == [key, 2]

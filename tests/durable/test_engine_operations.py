@@ -5,7 +5,7 @@ import pytest
 from cryptography.fernet import Fernet
 from django.utils import timezone
 
-from durable import codec, engine, retention, store, tick, turns
+from durable import codec, retention, steps, store, tick, turns
 from durable.codec import decode
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun, Schedule, StepCheckpoint
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.django_db
 
 def test_cancel_is_final_even_for_a_turn_in_flight():
     run = run_start(workflow="tests.signal", input={})
-    cursor = engine.raw_cursor()
-    cursor.execute(engine.CLAIM_SQL, ("late-worker", 30.0, run.id))
+    cursor = store.raw_cursor()
+    cursor.execute(store.CLAIM_SQL, ("late-worker", 30.0, run.id))
     assert cursor.fetchone() is not None
     assert run_cancel(run_id=run.id) is True
     # the late turn finishes: its compare-and-set finds the run cancelled and changes nothing
@@ -31,7 +31,7 @@ def test_cancel_is_final_even_for_a_turn_in_flight():
 
 def test_cancel_cascades_to_children():
     run = run_start(workflow="tests.parent", input={})
-    engine.execute_turn(run.id)  # starts the first child and suspends
+    turns.execute_turn(run.id)  # starts the first child and suspends
     child = DurableRun.objects.get(parent=run)
     assert child.status == "pending"
     run_cancel(run_id=run.id)
@@ -63,8 +63,8 @@ def test_expired_leases_are_recovered_then_declared_dead(settings):
     settings.DURABLE_MAX_RECOVERY_ATTEMPTS = 1
     run = run_start(workflow="tests.signal", input={})
     for expected in ("suspended", "dead"):
-        cursor = engine.raw_cursor()
-        cursor.execute(engine.CLAIM_SQL, ("crashed-worker", 30.0, run.id))
+        cursor = store.raw_cursor()
+        cursor.execute(store.CLAIM_SQL, ("crashed-worker", 30.0, run.id))
         DurableRun.objects.filter(pk=run.id).update(locked_until=timezone.now() - timedelta(seconds=1))
         assert tick.recover_expired_leases() == 1
         run = DurableRun.objects.get(pk=run.id)
@@ -75,7 +75,7 @@ def test_expired_leases_are_recovered_then_declared_dead(settings):
 
 def test_silent_step_times_out_and_goes_back_to_pending():
     run = run_start(workflow="tests.heartbeat", input={"seconds": 0.1, "timeout": 5})
-    engine.execute_turn(run.id)
+    turns.execute_turn(run.id)
     store.steps_claim(run.id, [0], 5.0)  # a worker claimed the step, then went silent
     StepCheckpoint.objects.filter(run=run, seq=0).update(timeout_at=timezone.now() - timedelta(seconds=1))
     assert tick.time_out_silent_steps() == 1
@@ -190,8 +190,8 @@ def test_a_corrupt_checkpoint_does_not_break_other_runs():
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_racing_never_double_settle():
     run = run_start(workflow="tests.fan", input={"n": 60})
-    engine.execute_turn(run.id)
-    workers = [in_thread(engine.execute_steps, run.id, list(range(60))) for _ in range(3)]
+    turns.execute_turn(run.id)
+    workers = [in_thread(steps.execute_steps, run.id, list(range(60))) for _ in range(3)]
     for thread, _ in workers:
         thread.join(30)
     assert not any(thread.is_alive() for thread, _ in workers)
@@ -238,7 +238,7 @@ def test_lost_turn_messages_are_sent_again(settings):
 
 def test_due_step_retries_and_unclaimed_steps_are_dispatched_again():
     run = run_start(workflow="tests.queued")
-    engine.execute_turn(run.id)
+    turns.execute_turn(run.id)
     StepCheckpoint.objects.filter(run=run, seq=0).update(wake_at=timezone.now() - timedelta(seconds=1))
     assert tick.dispatch_due_steps() == 1
     step = StepCheckpoint.objects.get(run=run, seq=0)
@@ -260,7 +260,7 @@ def test_demo_digest_workflow(settings):
 
 
 def test_a_run_id_of_another_namespace_is_refused():
-    from durable.services import RunIdConflict
+    from durable.errors import RunIdConflict
 
     run_start(workflow="tests.sequence", input={"steps": 1}, run_id="shared-id", namespace="ws-1")
     with pytest.raises(RunIdConflict):
@@ -302,7 +302,7 @@ def test_a_heartbeat_of_a_step_handed_to_another_worker_stops_it(settings):
     from durable.steps import _current_step, _StepScope
 
     run = run_start(workflow="tests.heartbeat", input={"seconds": 0.1, "timeout": 5})
-    engine.execute_turn(run.id)
+    turns.execute_turn(run.id)
     step = StepCheckpoint.objects.get(run=run, seq=0)
     claimed = store.steps_claim(run.id, [0], 5.0)
     assert claimed

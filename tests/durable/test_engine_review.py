@@ -9,7 +9,7 @@ from django.db import connection
 from django.utils import timezone
 
 import tests.durable.review_workflows  # noqa: F401 - registers the review.* workflows
-from durable import engine
+from durable import steps, turns
 from durable.codec import decode
 from durable.errors import TurnInterrupted
 from durable.inprocess import run_until_settled
@@ -97,14 +97,14 @@ def test_continue_as_new_never_cancels_the_new_historys_children():
     def new_history_starts_first(execute, sql, params, many, context):
         if not state["done"] and "WITH RECURSIVE tree" in sql:
             state["done"] = True  # the old turn's close policy is about to look for children
-            worker, outcome = in_thread(engine.execute_turn, run.id)
+            worker, outcome = in_thread(turns.execute_turn, run.id)
             worker.join(20)
             assert not worker.is_alive(), "the new history's turn never finished"
             state["new_turn"] = outcome
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(new_history_starts_first):
-        assert engine.execute_turn(run.id).outcome == "continued"
+        assert turns.execute_turn(run.id).outcome == "continued"
     assert "error" not in state["new_turn"], state["new_turn"]
     assert state["new_turn"]["value"].outcome in ("not_claimed", "suspended")
     run = run_until_settled(run.id)
@@ -123,7 +123,7 @@ def test_a_cancel_racing_a_step_settle_does_not_deadlock():
     cancel locked the run row, then the step rows (_end_open_work); together they deadlocked and
     Postgres aborted one."""
     run = run_start(workflow="tests.fan", input={"n": 2})
-    engine.execute_turn(run.id)
+    turns.execute_turn(run.id)
     settle_waiting, cancel_locked_run = threading.Event(), threading.Event()
 
     def pause_before_the_wake(execute, sql, params, many, context):
@@ -132,7 +132,7 @@ def test_a_cancel_racing_a_step_settle_does_not_deadlock():
             cancel_locked_run.wait(3)
         return execute(sql, params, many, context)
 
-    worker, outcome = in_thread(engine.execute_steps, run.id, [0, 1], wrapper=pause_before_the_wake)
+    worker, outcome = in_thread(steps.execute_steps, run.id, [0, 1], wrapper=pause_before_the_wake)
     assert settle_waiting.wait(10)
 
     def mark_run_locked(execute, sql, params, many, context):
@@ -166,8 +166,8 @@ def test_a_healthy_step_started_late_in_its_chunk_is_not_timed_out(tmp_path):
     evidence = tmp_path / "runs.log"
     run = run_start(workflow="review.fan_two_slow", input={"path": str(evidence), "first": 0.7, "second": 2.6,
                                                           "timeout": 3.0})
-    engine.execute_turn(run.id)
-    worker, outcome = in_thread(engine.execute_steps, run.id, [0, 1])
+    turns.execute_turn(run.id)
+    worker, outcome = in_thread(steps.execute_steps, run.id, [0, 1])
     timed_out = time_out_silent_steps_while(worker)
     assert "error" not in outcome, outcome
     assert timed_out == 0, "a step was timed out while it ran, within its timeout, on a live worker"
@@ -184,8 +184,8 @@ def test_a_finished_result_is_not_lost_while_the_next_step_of_the_chunk_heartbea
     evidence = tmp_path / "runs.log"
     run = run_start(workflow="review.fast_then_beating", input={"path": str(evidence), "seconds": 4.0,
                                                                "timeout": 2.0})
-    engine.execute_turn(run.id)
-    worker, outcome = in_thread(engine.execute_steps, run.id, [0, 1])
+    turns.execute_turn(run.id)
+    worker, outcome = in_thread(steps.execute_steps, run.id, [0, 1])
     timed_out = time_out_silent_steps_while(worker)
     assert "error" not in outcome, outcome
     assert run_until_settled(run.id).status == "completed"
@@ -205,7 +205,7 @@ def test_a_value_postgres_cannot_store_fails_the_call_instead_of_looping_the_run
     interrupted = 0
     for _ in range(10):
         try:
-            engine.execute_turn(run.id)
+            turns.execute_turn(run.id)
         except TurnInterrupted:
             interrupted += 1
             DurableRun.objects.filter(pk=run.id, status="suspended").update(wake_at=timezone.now())

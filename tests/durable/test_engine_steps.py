@@ -5,7 +5,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from durable import engine
+from durable import steps, store, turns
 from durable.codec import decode
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun, StepCheckpoint
@@ -79,34 +79,34 @@ def test_a_return_value_that_is_not_json_fails_the_run_clearly():
 
 def test_join_barrier_wakes_the_run_only_when_the_fan_settles():
     run = run_start(workflow="tests.fan", input={"n": 4})
-    engine.execute_turn(run.id)
-    engine.execute_steps(run.id, [0, 1])
+    turns.execute_turn(run.id)
+    steps.execute_steps(run.id, [0, 1])
     assert DurableRun.objects.get(pk=run.id).wake_pending is False
-    assert engine.fan_has_pending(run.id, 0) is True
-    engine.execute_steps(run.id, [2, 3])
-    assert engine.fan_has_pending(run.id, 0) is False
+    assert store.fan_has_pending(run.id, 0) is True
+    steps.execute_steps(run.id, [2, 3])
+    assert store.fan_has_pending(run.id, 0) is False
     assert DurableRun.objects.get(pk=run.id).wake_pending is True
 
 
 def test_a_step_is_never_settled_twice():
     run = run_start(workflow="tests.queued")
-    engine.execute_turn(run.id)
-    first = engine.execute_steps(run.id, [0])
-    second = engine.execute_steps(run.id, [0])  # a redelivered message
+    turns.execute_turn(run.id)
+    first = steps.execute_steps(run.id, [0])
+    second = steps.execute_steps(run.id, [0])  # a redelivered message
     assert first == {"claimed": 1, "settled": 1, "skipped": 0}
     assert second == {"claimed": 0, "settled": 0, "skipped": 0}
     # a late settle from a worker whose attempt was superseded changes nothing
     step = StepCheckpoint.objects.get(run_id=run.id, seq=0)
-    assert engine.settle_steps(run.id, [(step.id, 99, "completed", '"late"', "", None, None)]) == []
+    assert store.steps_settle(run.id, [(step.id, 99, "completed", '"late"', "", None, None)]) == []
     assert decode(StepCheckpoint.objects.get(run_id=run.id, seq=0).output) == 3
 
 
 def test_settle_does_not_rewrite_the_input():
     run = run_start(workflow="tests.queued")
-    engine.execute_turn(run.id)
+    turns.execute_turn(run.id)
     before = StepCheckpoint.objects.get(run_id=run.id, seq=0).input
     with CaptureQueriesContext(connection) as captured:
-        engine.execute_steps(run.id, [0])
+        steps.execute_steps(run.id, [0])
     settles = [q["sql"] for q in captured if q["sql"].lstrip().startswith("UPDATE durable_stepcheckpoint AS cp")
                and "v.status" in q["sql"]]
     assert len(settles) == 1
@@ -118,7 +118,7 @@ def test_settle_does_not_rewrite_the_input():
 def test_non_deterministic_replay_fails_naming_both_steps(tmp_path):
     flag = tmp_path / "flag"
     run = run_start(workflow="tests.nondeterministic", input={"flag": str(flag)})
-    assert engine.execute_turn(run.id).outcome == "suspended"  # wrote step "a", then slept
+    assert turns.execute_turn(run.id).outcome == "suspended"  # wrote step "a", then slept
     flag.write_text("changed")
     run = run_until_settled(run.id)
     assert run.status == "failed"
@@ -138,7 +138,7 @@ def test_recorded_values_and_attributes_replay_identically():
 
 
 def test_unknown_workflow_is_refused_at_start():
-    from durable.registry import UnknownWorkflow
+    from durable.errors import UnknownWorkflow
 
     with pytest.raises(UnknownWorkflow):
         run_start(workflow="nope.missing")

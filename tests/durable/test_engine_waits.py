@@ -2,11 +2,12 @@ import time
 
 import pytest
 
-from durable import engine, turns
+from durable import store, turns
 from durable.codec import decode
+from durable.errors import InvalidRunState
 from durable.inprocess import run_until_settled
 from durable.models import BufferedEvent, BufferedSignal, DurableRun, SignalWaiter
-from durable.services import InvalidRunState, event_publish, run_start, signal_send
+from durable.services import event_publish, run_start, signal_send
 
 pytestmark = pytest.mark.django_db
 
@@ -58,7 +59,7 @@ def test_sleep_suspends_without_holding_a_worker_and_resumes_when_due():
     from durable import tick
 
     run = run_start(workflow="tests.sleep", input={"seconds": 0.3})
-    result = engine.execute_turn(run.id)
+    result = turns.execute_turn(run.id)
     assert result.outcome == "suspended" and result.wake_at is not None
     run = DurableRun.objects.get(pk=run.id)
     assert run.status == "suspended" and run.locked_by == ""
@@ -78,11 +79,11 @@ def test_children_and_child_fans_complete_the_parent():
 
 def test_a_wake_during_a_turn_is_not_lost():
     run = run_start(workflow="tests.signal", input={})
-    claimed = engine.raw_cursor()
-    claimed.execute(engine.CLAIM_SQL, ("someone-else", 30.0, run.id))
+    claimed = store.raw_cursor()
+    claimed.execute(store.CLAIM_SQL, ("someone-else", 30.0, run.id))
     assert claimed.fetchone() is not None
     # a wake arrives while that turn holds the lease: it is only flagged...
-    assert engine.wake_run(run.id) is True
+    assert store.run_wake(run.id) is True
     assert DurableRun.objects.get(pk=run.id).wake_pending is True
     # ...and the turn sees the flag when it releases the run, so it asks for the next turn itself
     result = turns._release(run.id, "someone-else", None)

@@ -4,11 +4,12 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from durable import selectors
-from durable.engine import upsert_attributes
+from durable import errors, selectors
+from durable.errors import RunNotFound
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun
-from durable.services import RunNotFound, run_start
+from durable.services import run_start
+from durable.store import upsert_attributes
 
 pytestmark = pytest.mark.django_db
 
@@ -77,14 +78,14 @@ def test_attribute_comparisons_combine_and_run_in_sql(runs):
 
 
 def test_invalid_attribute_filters_name_the_problem():
-    with pytest.raises(selectors.InvalidFilter, match="needs a number"):
+    with pytest.raises(errors.InvalidFilter, match="needs a number"):
         selectors.AttributeFilter.parse("amount:gt:lots")
-    with pytest.raises(selectors.InvalidFilter, match="Unknown comparison"):
+    with pytest.raises(errors.InvalidFilter, match="Unknown comparison"):
         selectors.AttributeFilter.parse("amount:like:5")
-    with pytest.raises(selectors.InvalidFilter, match="key:op:value"):
+    with pytest.raises(errors.InvalidFilter, match="key:op:value"):
         selectors.AttributeFilter.parse("amount")
     assert selectors.AttributeFilter.parse("url:eq:http://x") == selectors.AttributeFilter("url", "eq", "http://x")
-    with pytest.raises(selectors.InvalidFilter):
+    with pytest.raises(errors.InvalidFilter):
         selectors.run_list(statuses=["sleeping"])
 
 
@@ -97,7 +98,7 @@ def test_created_window_parent_and_ordering(runs):
     assert ids(selectors.run_list(parent="a1")) == ["kid"]
     assert [run.id for run in selectors.run_list()][-1] == "old"
     assert selectors.run_list(ordering=["created_at"]).first().id == "old"
-    with pytest.raises(selectors.InvalidFilter):
+    with pytest.raises(errors.InvalidFilter):
         selectors.run_list(ordering=["input"])
 
 

@@ -5,8 +5,7 @@ import os
 import time
 from pathlib import Path
 
-from durable import workflow
-from durable.engine import Child, Step, StepFailed, heartbeat
+from durable import Child, Step, StepFailed, heartbeat, workflow
 
 CALLS: list = []
 

@@ -230,13 +230,13 @@ def test_rollback_walks_back_the_activation_history_whatever_was_evaluated_since
 
 
 def test_cancelling_an_eval_run_before_its_items_start_ends_their_invocations(support_set, support_versions):
-    from durable import engine, owners
+    from durable import owners, turns
     from evals.services import eval_run_cancel
 
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=6)
-    engine.execute_turn(run.durable_run_id)  # begun: its six lanes started
+    turns.execute_turn(run.durable_run_id)  # begun: its six lanes started
     for lane in DurableRun.objects.filter(parent_id=run.durable_run_id):
-        engine.execute_turn(lane.id)  # each lane wrote its first item's invocation, whose run has not begun
+        turns.execute_turn(lane.id)  # each lane wrote its first item's invocation, whose run has not begun
     invocations = WorkflowInvocation.objects.filter(workflow_version=support_versions[0])
     assert invocations.count() == 6 and set(invocations.values_list("status", flat=True)) == {"queued"}
     assert eval_run_cancel(eval_run=run)
@@ -393,17 +393,17 @@ def grader_outage(support_set, monkeypatch):
 
 def test_a_lane_that_fails_lets_the_other_lanes_finish_and_a_retry_scores_every_item(support_set, support_versions,
                                                                                      grader_outage):
-    from durable import engine, owners
+    from durable import owners, turns
     from durable.inprocess import run_until_settled
     from durable.services import run_retry
 
     items = list(support_set.items.order_by("position", "id"))
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
-    engine.execute_turn(run.durable_run_id)  # two lanes: items 1, 3, 5 and 2, 4, 6
+    turns.execute_turn(run.durable_run_id)  # two lanes: items 1, 3, 5 and 2, 4, 6
     first, second = DurableRun.objects.filter(parent_id=run.durable_run_id).order_by("parent_seq")
-    engine.execute_turn(second.id)  # the second lane's first item is on its way (its run not begun yet)
+    turns.execute_turn(second.id)  # the second lane's first item is on its way (its run not begun yet)
     assert run_until_settled(first.id, max_wait=30).status == "failed"  # the first lane could not grade item 1
-    engine.execute_turn(run.durable_run_id)  # the eval run hears of it while the second lane's item waits
+    turns.execute_turn(run.durable_run_id)  # the eval run hears of it while the second lane's item waits
     run_until_settled(run.durable_run_id, max_wait=60)
     run.refresh_from_db()
     assert run.status == "failed" and "said no" in run.error
@@ -422,12 +422,12 @@ def test_a_lane_that_fails_lets_the_other_lanes_finish_and_a_retry_scores_every_
 
 
 def test_a_lane_retried_alone_after_its_eval_run_ended_invokes_nothing(support_set, support_versions, grader_outage):
-    from durable import engine
+    from durable import turns
     from durable.inprocess import run_until_settled
     from durable.services import run_retry
 
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
-    engine.execute_turn(run.durable_run_id)
+    turns.execute_turn(run.durable_run_id)
     first, _ = DurableRun.objects.filter(parent_id=run.durable_run_id).order_by("parent_seq")
     assert run_until_settled(run.durable_run_id, max_wait=60).status == "failed"
     run.refresh_from_db()
@@ -445,13 +445,13 @@ def test_a_lane_retried_alone_after_its_eval_run_ended_invokes_nothing(support_s
 
 def test_an_eval_run_retried_after_its_lane_was_retried_alone_still_scores_every_item(support_set, support_versions,
                                                                                       grader_outage):
-    from durable import engine, owners
+    from durable import owners, turns
     from durable.inprocess import run_until_settled
     from durable.services import run_retry
 
     items = list(support_set.items.order_by("position", "id"))
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
-    engine.execute_turn(run.durable_run_id)
+    turns.execute_turn(run.durable_run_id)
     first, _ = DurableRun.objects.filter(parent_id=run.durable_run_id).order_by("parent_seq")
     assert run_until_settled(run.durable_run_id, max_wait=60).status == "failed"
     grader_outage.end()
@@ -531,14 +531,14 @@ def test_items_graded_at_once_by_two_lanes_are_both_counted_in_the_progress(supp
 
 def test_an_item_whose_lane_was_cancelled_before_its_run_began_is_ended_while_the_eval_run_goes_on(
         support_set, support_versions):
-    from durable import engine, owners
+    from durable import owners, turns
     from durable.inprocess import run_until_settled
     from durable.services import run_cancel
 
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
-    engine.execute_turn(run.durable_run_id)
+    turns.execute_turn(run.durable_run_id)
     first, _other = DurableRun.objects.filter(parent_id=run.durable_run_id).order_by("parent_seq")
-    engine.execute_turn(first.id)  # its first item's invocation is written, the item's run not begun
+    turns.execute_turn(first.id)  # its first item's invocation is written, the item's run not begun
     waiting = WorkflowInvocation.objects.get(workflow_version=support_versions[0])
     assert run_cancel(run_id=first.id, reason="from the durable admin")
     assert DurableRun.objects.get(pk=run.durable_run_id).status in DurableRun.Status.ACTIVE  # its other lane runs

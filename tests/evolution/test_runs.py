@@ -155,11 +155,11 @@ def test_configuration_edges():
 
 def test_cancelling_an_evolution_before_its_eval_runs_start_frees_its_golden_set(support_set, support_base, owner,
                                                                                    api_as):
-    from durable import engine, owners
+    from durable import owners, turns
     from evals.models import EvalRun
 
     run = evolution_start(workflow=support_base.workflow, golden_set=support_set, config=SMALL)
-    engine.execute_turn(run.durable_run_id)  # generation 0's eval runs are written, their runs not begun
+    turns.execute_turn(run.durable_run_id)  # generation 0's eval runs are written, their runs not begun
     eval_runs = EvalRun.objects.filter(golden_set=support_set)
     assert eval_runs.count() == 4 and set(eval_runs.values_list("status", flat=True)) == {"queued"}
     assert evolution_cancel(run=run)

@@ -18,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from durable import engine
+from durable import services
 from durable.inprocess import run_until_settled
 from durable.models import BufferedSignal, DurableRun
 from tests.admin_users import admin_staff, client_of
@@ -119,8 +119,8 @@ def make_message(invocation, node, seq, role, payload, *, source="", target="") 
 
 def waiting_invocation(version, *, run_id="wfi-test-1"):
     """An invocation whose node #1 waits for approval on a real (pending) durable run of its workspace."""
-    engine.create_run(run_id=run_id, workflow="workflows.invoke", input={}, dispatch=False,
-                      namespace=version.workflow.workspace.namespace)
+    services.run_create(run_id=run_id, workflow="workflows.invoke", input={}, dispatch=False,
+                        namespace=version.workflow.workspace.namespace)
     invocation = make_invocation(version, status="waiting", started=timezone.now(), durable_run_id=run_id)
     node = make_node(invocation, 1, "merge", status="waiting", started=timezone.now(), output="draft answer",
                      approval={"pending": True, "run_id": run_id, "signal": "approval:1"})
@@ -318,8 +318,8 @@ def test_node_ids_and_prompts_are_escaped_in_the_svg_and_on_the_pages(staff_clie
 def test_invocation_page_shows_totals_payloads_run_link_timeline_and_messages(staff_client, workflow):
     version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
     start = timezone.now() - timedelta(minutes=5)
-    engine.create_run(run_id="wfi-page", workflow="workflows.invoke", input={}, dispatch=False,
-                      namespace=workflow.workspace.namespace)
+    services.run_create(run_id="wfi-page", workflow="workflows.invoke", input={}, dispatch=False,
+                        namespace=workflow.workspace.namespace)
     invocation = make_invocation(version, status="failed", started=start, ended=start + timedelta(seconds=10),
                                  durable_run_id="wfi-page", input={"text": "what is durable?"},
                                  error="merge: the model refused", usd_cost=Decimal("0.002500"), input_tokens=900,

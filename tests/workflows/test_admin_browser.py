@@ -11,7 +11,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils import timezone
 
-from durable import engine
+from durable import services
 from tests.browser import assert_fits_the_screen, log_in
 from tests.factories import MembershipFactory
 from tests.workflows.test_admin import cyclic_dsl
@@ -35,8 +35,8 @@ def scene(transactional_db, workspace, settings):
 
     version, _ = workflow_version_create(workflow=workflow_create(workspace=workspace, name="research"),
                                          dsl=cyclic_dsl())
-    engine.create_run(run_id="wfi-browser", workflow="workflows.invoke", input={}, dispatch=False,
-                      namespace=workspace.namespace)
+    services.run_create(run_id="wfi-browser", workflow="workflows.invoke", input={}, dispatch=False,
+                        namespace=workspace.namespace)
     start = timezone.now() - timedelta(seconds=20)
     invocation = WorkflowInvocation.objects.create(
         workspace=workspace, workflow_version=version, status="waiting", usd_budget=Decimal("1"), started_at=start,

@@ -252,7 +252,7 @@ def test_a_turn_dying_before_its_end_commits_leaves_none_of_its_writes_and_asks_
 
     from django.utils import timezone
 
-    from durable import engine, store
+    from durable import steps, store, turns
     from durable.inprocess import _step_work, run_until_settled
     from durable.models import DurableRun
 
@@ -261,9 +261,9 @@ def test_a_turn_dying_before_its_end_commits_leaves_none_of_its_writes_and_asks_
     invocation = invocation_start(version=make_version(_sequential("First node.", "Second node.")),
                                   input={"text": "die mid-turn"})
     run_id = invocation.durable_run_id
-    engine.execute_turn(run_id)  # the first node starts and its call is queued
+    turns.execute_turn(run_id)  # the first node starts and its call is queued
     for run, seqs in _step_work([run_id]).items():
-        engine.execute_steps(run, seqs)  # answered
+        steps.execute_steps(run, seqs)  # answered
     release = store.run_release
 
     def release_then_die(*args, **kwargs):
@@ -272,7 +272,7 @@ def test_a_turn_dying_before_its_end_commits_leaves_none_of_its_writes_and_asks_
 
     monkeypatch.setattr(store, "run_release", release_then_die)
     with pytest.raises(TurnDied):
-        engine.execute_turn(run_id)
+        turns.execute_turn(run_id)
     monkeypatch.setattr(store, "run_release", release)
     nodes = NodeInvocation.objects.filter(workflow_invocation=invocation).order_by("seq")
     assert [(row.seq, row.status) for row in nodes] == [(1, "running")]

@@ -9,8 +9,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from durable import selectors, services
+from durable.errors import InvalidFilter, InvalidRunState, RunNotFound, UnknownWorkflow
 from durable.models import DurableRun
-from durable.registry import UnknownWorkflow
 from durable.retention import delete_runs
 
 
@@ -116,7 +116,7 @@ class Command(BaseCommand):
             attributes = [selectors.AttributeFilter.parse(text) for text in attr or []]
             runs = list(selectors.run_list(statuses=_statuses(status), workflow=workflow, namespaces=namespace,
                                            tags=tag, attributes=attributes)[:limit])
-        except selectors.InvalidFilter as exc:
+        except InvalidFilter as exc:
             raise CommandError(f"--{exc.param}: {exc.message}") from None
         if not runs:
             self._out("No runs match.")
@@ -129,7 +129,7 @@ class Command(BaseCommand):
         try:
             detail = selectors.run_detail(run_id)
             timeline = selectors.run_timeline(run_id, include_payloads=payloads)
-        except services.RunNotFound:
+        except RunNotFound:
             raise CommandError(f"No run {run_id!r}.") from None
         run = detail.run
         fields = [("id", run.id), ("workflow", run.workflow), ("namespace", run.namespace), ("status", run.status),
@@ -188,9 +188,9 @@ class Command(BaseCommand):
     def do_signal(self, *, run_id, name, payload, **_):
         try:
             result = services.signal_send(run_id=run_id, name=name, payload=_json_arg(payload, "--payload"))
-        except services.RunNotFound:
+        except RunNotFound:
             raise CommandError(f"No run {run_id!r}.") from None
-        except services.InvalidRunState as exc:
+        except InvalidRunState as exc:
             raise CommandError(str(exc)) from None
         self._out(f"signal {name!r} {result} to {run_id}")
 
