@@ -16,9 +16,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from config import telemetry
-from durable.engine import execute_turn
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun
+from durable.turns import execute_turn
 from tests.evals.conftest import facts, support_set  # noqa: F401 (fixtures)
 from tests.evolution.conftest import evolve, support_base  # noqa: F401 (fixtures)
 from tests.llm.conftest import FakeOpenAIChat
