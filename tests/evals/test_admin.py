@@ -1129,7 +1129,8 @@ def test_compare_page_escapes_answers_and_prompts(staff_client, evaluated):
     GoldenResult.objects.filter(eval_run=evaluated["better_run"]).update(
         actual_output='<script>alert("answer")</script>' + "x" * 300)
     GoldenResult.objects.filter(eval_run=evaluated["base_run"]).update(actual_output="<b>short</b>")
-    dsl = dict(better.dsl, nodes=[dict(n, systemPrompt='<script>alert("prompt")</script>\nok') for n in better.dsl["nodes"]])
+    prompt = '<script>alert("prompt")</script>\nok'
+    dsl = dict(better.dsl, nodes=[dict(node, systemPrompt=prompt) for node in better.dsl["nodes"]])
     WorkflowVersion.objects.filter(pk=better.pk).update(dsl=dsl)
     html = staff_client.get(compare_url(golden_set, base, better)).content.decode()
     assert "<script>alert(" not in html and "<b>short</b>" not in html
