@@ -17,6 +17,7 @@ under its lock), so a threads pool may run many chunks of a process at once.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, OperationalError, connection
+from django.db import DatabaseError, OperationalError, connection, transaction
 from django.utils.timezone import now
 
 from config import telemetry
@@ -71,9 +72,12 @@ def heartbeat(progress=None) -> None:
     if clock - scope.last_persist < interval:
         return
     scope.last_persist = clock
+    # inside the step's own transaction, a savepoint: a refused write then leaves that transaction usable
+    savepoint = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
     try:
-        held = store.step_heartbeat(step_id=scope.step_id, attempt=scope.attempt, timeout=scope.timeout,
-                                    progress_text=encode(progress) if progress is not None else "")
+        with savepoint:
+            held = store.step_heartbeat(step_id=scope.step_id, attempt=scope.attempt, timeout=scope.timeout,
+                                        progress_text=encode(progress) if progress is not None else "")
     except DatabaseError as exc:
         # the step's own work is fine: a heartbeat that could not be written is only a missed one (if they
         # keep failing, the step's clock runs out and the tick hands it to another worker)

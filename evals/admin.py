@@ -601,7 +601,7 @@ class EvalRunAdmin(NamedObjectMixin, PostActionsMixin, WorkspaceScopedAdmin, Rea
         results = list(results.select_related("golden_item")
                        .defer("reuse_key", "golden_item__metadata", "golden_item__rubric")
                        .order_by("golden_item__position", "golden_item_id")[:RESULT_LIMIT + 1])
-        graders = list(dict.fromkeys(entry.get("kind", "") for entry in run.config.get("graders") or []))
+        graders = grader_kinds(run.config.get("graders"))
         threshold = run.config.get("threshold")
         can_act = self.has_act_permission(request)
         info = f"{self.opts.app_label}_{self.opts.model_name}"
@@ -717,11 +717,21 @@ def result_view(result: GoldenResult, graders: list[str] = ()) -> dict:
     }
 
 
+def grader_kinds(graders) -> list[str]:
+    """The kinds of a run's configured graders, once each and in order (what is not a grader with a kind, in
+    an older run's config, names no column)."""
+    kinds = (entry.get("kind") for entry in graders if isinstance(entry, dict)) if isinstance(graders, list) else ()
+    return list(dict.fromkeys(kind for kind in kinds if isinstance(kind, str) and kind))
+
+
 def _grade_text(grades, kind: str) -> str:
     """The score the first grade of `kind` gave ("error" for a grading error, "-" when none graded)."""
     for grade in grades if isinstance(grades, list) else ():
         if isinstance(grade, dict) and grade.get("kind") == kind:
-            return "error" if grade.get("error") else score_text(grade.get("score"))
+            if grade.get("error"):
+                return "error"
+            score = grade.get("score")
+            return score_text(score) if isinstance(score, int | float) and not isinstance(score, bool) else "-"
     return "-"
 
 

@@ -90,7 +90,7 @@ def _answering_node(dsl: dict) -> dict:
 
 
 def _ask(model: str, instructions: str, payload: dict) -> dict | None:
-    from durable import wait_alive
+    from durable import heartbeat, wait_alive
     from llm.chat import chat
     from llm.errors import ChatError
     from llm.types import ChatRequest
@@ -98,6 +98,9 @@ def _ask(model: str, instructions: str, payload: dict) -> dict | None:
     request = ChatRequest(model=model, temperature=0.3, max_tokens=2000, response_format={"type": "json_object"},
                           messages=[{"role": "system", "content": instructions},
                                     {"role": "user", "content": json.dumps(payload, ensure_ascii=False)}])
+    # a breed asks once per offspring in one queued step, whose silence allowed is one call's: each call re-arms
+    # the step's clock (and a step handed to another worker meanwhile stops here, before paying for another call)
+    heartbeat()
     try:
         # a queued step's wait for the provider heartbeats, so its clock does not hand it to another worker
         response, _ = chat(request, wait=wait_alive)

@@ -82,15 +82,17 @@ class OpenAIChatProvider(ChatProvider):
             raise ChatError(f"{self.name} model {resolved.model!r} returned no choices.")
         choice = completion.choices[0]
         message = choice.message
+        if not isinstance(message.tool_calls or [], list):
+            raise TypeError(f"tool_calls is {type(message.tool_calls).__name__}, not a list")
         tool_calls = tuple(
-            ToolCall(id=call.id, name=function.name, arguments=parse_tool_arguments(function.arguments),
-                     raw=function.arguments or "")
+            ToolCall(id=_text(call.id, "tool call id"), name=_text(function.name, "tool call name"),
+                     arguments=parse_tool_arguments(function.arguments), raw=function.arguments or "")
             for call in (message.tool_calls or ()) if (function := getattr(call, "function", None)) is not None
         )
-        content = message.content or ""
+        content = _text(message.content or "", "content")
         usage = completion.usage
-        input_tokens = getattr(usage, "prompt_tokens", None)
-        output_tokens = getattr(usage, "completion_tokens", None)
+        input_tokens = _token_count(getattr(usage, "prompt_tokens", None), "prompt_tokens")
+        output_tokens = _token_count(getattr(usage, "completion_tokens", None), "completion_tokens")
         if input_tokens is None:  # a server that does not count: estimate, so the cost is not silently zero
             input_tokens = estimate_tokens(json.dumps(messages, ensure_ascii=False, default=str))
         if output_tokens is None:
@@ -98,7 +100,7 @@ class OpenAIChatProvider(ChatProvider):
         return ChatResponse(
             content=content, tool_calls=tool_calls,
             usage=Usage.priced(provider=self.name, model=completion.model or resolved.model,
-                               input_tokens=int(input_tokens), output_tokens=int(output_tokens),
+                               input_tokens=input_tokens, output_tokens=output_tokens,
                                cached_input_tokens=_cached_tokens(usage), requested=resolved.model),
             latency_ms=latency_ms, finish_reason=choice.finish_reason or ("tool_calls" if tool_calls else "stop"),
         )
@@ -107,7 +109,32 @@ class OpenAIChatProvider(ChatProvider):
 def _cached_tokens(usage) -> int:
     """Input tokens the provider read from its prompt cache (billed lower), when it says."""
     details = getattr(usage, "prompt_tokens_details", None)
-    return int(getattr(details, "cached_tokens", None) or 0)
+    return _token_count(getattr(details, "cached_tokens", None), "cached_tokens") or 0
+
+
+# no model reads or writes a billion tokens in one call: a larger count is not one (and would overflow the
+# cost and token columns it is added to)
+_MAX_TOKENS = 10 ** 9
+
+
+def _token_count(value, field: str) -> int | None:
+    """A usage count as the server sent it (a lenient one may send a float or a numeric string); None when
+    absent. ValueError for anything that is not a count."""
+    if value is None:
+        return None
+    try:
+        count = int(value)
+    except OverflowError as exc:  # an infinity
+        raise ValueError(f"usage {field} is {value!r}") from exc
+    if not 0 <= count < _MAX_TOKENS:
+        raise ValueError(f"usage {field} is {value!r}")
+    return count
+
+
+def _text(value, field: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{field} is {type(value).__name__}, not a string")
+    return value
 
 
 def _server_message(exc) -> str:

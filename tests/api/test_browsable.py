@@ -1,6 +1,8 @@
 """The browsable API (`?format=api`) renders forms: a create form with the serializer's related fields
 and the filter form. Their select boxes may list only what the caller may see."""
 
+import re
+
 import pytest
 
 from tests.api.schema import operations
@@ -88,3 +90,20 @@ def test_the_browsable_api_and_the_admin_link_to_each_others_page_of_a_row(api_a
     assert f'<a href="{reverse("admin:workflows_workflowversion_changelist")}" id="api-admin-link">' in listing
     html = client_of(staff).get(admin_page).content.decode()
     assert f'<a href="{api_page}" id="admin-api-link">View in API</a>' in html
+
+
+def test_the_links_between_the_api_and_the_admin_open_a_run_whose_id_the_admin_escapes(api_as, workspace):
+    import tests.durable.workflows  # noqa: F401 - registers tests.signal
+    from durable.services import caller_run_id, run_start
+    from tests.admin_users import admin_staff, client_of
+
+    # a caller-chosen id, stored with its namespace; unescaped, the admin would read its "_2F" as a "/"
+    run = run_start(workflow="tests.signal", input={}, namespace=workspace.namespace,
+                    run_id=caller_run_id(namespace=workspace.namespace, run_id="nightly_2F1"))
+    staff = admin_staff("operator", workspace, apps=["durable"])
+    html = api_as(staff).get(f"/api/durable/runs/{run.pk}/", {"format": "api"}).content.decode()
+    (admin_page,) = re.findall(r'<a href="([^"]+)" id="api-admin-link">', html)
+    page = client_of(staff).get(admin_page)
+    assert page.status_code == 200 and page.context["original"].pk == run.pk
+    (api_page,) = re.findall(r'<a href="([^"]+)" id="admin-api-link">', page.content.decode())
+    assert api_as(staff).get(api_page).json()["id"] == run.pk

@@ -346,6 +346,15 @@ def test_a_heartbeat_that_cannot_be_written_does_not_fail_the_step(heartbeat_wri
     assert heartbeat_write_fails_once(), "no heartbeat write was ever refused"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_heartbeat_that_cannot_be_written_inside_the_steps_own_transaction_leaves_it_usable(
+        heartbeat_write_fails_once):
+    run = run_until_settled(run_start(workflow="tests.heartbeat_in_transaction", input={}).id)
+    assert run.status == "completed", run.error
+    assert decode(run.output) == 2  # the step's queries after the refused heartbeat ran in its transaction
+    assert heartbeat_write_fails_once(), "no heartbeat write was ever refused"
+
+
 @pytest.mark.django_db
 def test_children_left_active_by_a_parent_declared_dead_are_cancelled():
     """The close policy applies when recovery declares a run dead, as when a turn ends it: its waiting

@@ -364,3 +364,21 @@ def cancel_then_wait_alive(run_id: str, seconds: float) -> str:
 @workflow("tests.cancelled_while_waiting")
 def cancelled_while_waiting(ctx, input):
     return ctx.step("wait", cancel_then_wait_alive, ctx.run_id, input["seconds"], queue="steps", timeout=30)
+
+
+def beat_in_transaction(run_id: str) -> int:
+    """A step doing its own database work in a transaction, heartbeating in the middle of it."""
+    from django.db import transaction
+
+    from durable import heartbeat
+    from durable.models import StepCheckpoint
+
+    with transaction.atomic():
+        before = StepCheckpoint.objects.filter(run_id=run_id).count()
+        heartbeat({"stage": "half way"})
+        return before + StepCheckpoint.objects.filter(run_id=run_id).count()
+
+
+@workflow("tests.heartbeat_in_transaction")
+def heartbeat_in_transaction(ctx, input):
+    return ctx.step("beat", beat_in_transaction, ctx.run_id, queue="steps", timeout=5)

@@ -1103,3 +1103,36 @@ def test_compare_page_shows_both_outputs_per_item_and_the_prompt_diff(staff_clie
     assert '<span class="ev-diff-add">+You are a helpful support agent. Call knowledge_search before answering.' in html
     assert '<span class="ev-diff-del">-You are a helpful support agent.</span>' in html
     assert "codeTools" in html  # the other fields that changed are named
+
+
+def test_eval_run_page_survives_odd_graders_grades_and_threshold_in_an_old_runs_config(staff_client, evaluated):
+    run = evaluated["base_run"]
+    EvalRun.objects.filter(pk=run.pk).update(config={
+        **run.config, "threshold": "0.7",
+        "graders": ["contains", {"kind": "token_f1"}, {"kind": ["odd"]}, {"weight": 2}, {"kind": "token_f1"}]})
+    results = list(GoldenResult.objects.filter(eval_run=run).order_by("pk"))
+    odd_grades = [{"not": "a list"}, [{"kind": "token_f1", "score": "high"}], [None, {"kind": "token_f1"}],
+                  [{"kind": "token_f1", "score": 0.25}, {"kind": "token_f1", "score": 0.75}]]
+    for result, grades in zip(results, odd_grades, strict=False):
+        GoldenResult.objects.filter(pk=result.pk).update(grades=grades)
+    response = staff_client.get(change_url("evalrun", run.pk))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'class="ev-threshold"' not in html  # a threshold that is not a number draws no line
+    assert '<th class="ev-grader-col">token_f1</th>' in html and html.count('class="ev-grader-col"') == 1
+    cells = {row["item"]: row["grades"] for row in response.context["results"]}
+    assert [cells[result.golden_item_id] for result in results[:4]] == [["-"], ["-"], ["-"], ["0.250"]]
+
+
+def test_compare_page_escapes_answers_and_prompts(staff_client, evaluated):
+    golden_set, base, better = evaluated["set"], evaluated["base"], evaluated["better"]
+    GoldenResult.objects.filter(eval_run=evaluated["better_run"]).update(
+        actual_output='<script>alert("answer")</script>' + "x" * 300)
+    GoldenResult.objects.filter(eval_run=evaluated["base_run"]).update(actual_output="<b>short</b>")
+    prompt = '<script>alert("prompt")</script>\nok'
+    dsl = dict(better.dsl, nodes=[dict(node, systemPrompt=prompt) for node in better.dsl["nodes"]])
+    WorkflowVersion.objects.filter(pk=better.pk).update(dsl=dsl)
+    html = staff_client.get(compare_url(golden_set, base, better)).content.decode()
+    assert "<script>alert(" not in html and "<b>short</b>" not in html
+    assert "&lt;script&gt;alert(&quot;answer&quot;)&lt;/script&gt;" in html and "&lt;b&gt;short&lt;/b&gt;" in html
+    assert '<span class="ev-diff-add">+&lt;script&gt;alert(&quot;prompt&quot;)&lt;/script&gt;</span>' in html

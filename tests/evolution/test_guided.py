@@ -104,3 +104,37 @@ def test_a_reflect_merge_with_a_real_model_is_recorded_as_guided_with_its_cost(f
     assert reflected["child"]["kind"] == "guided_crossover" and reflected["child"]["parents"] == [mother.pk, father.pk]
     assert Decimal(reflected["usd"]) == cost_usd("gpt-4.1-mini", provider="openai", input_tokens=800,
                                                  output_tokens=100)
+
+
+@pytest.fixture
+def queued_step():
+    """Code running as the claimed attempt of a queued step (a guided breed on the llm queue's worker)."""
+    import tests.durable.workflows  # noqa: F401 - registers tests.heartbeat
+    from durable import engine, store
+    from durable.models import StepCheckpoint
+    from durable.services import run_start
+    from durable.steps import _current_step, _StepScope
+
+    run = run_start(workflow="tests.heartbeat", input={"seconds": 0.1, "timeout": 90})
+    engine.execute_turn(run.id)
+    (claimed,) = store.steps_claim(run.id, [0], 90.0)
+    StepCheckpoint.objects.filter(pk=claimed[0]).update(timeout_at=None)
+    token = _current_step.set(_StepScope(claimed[0], claimed[5], 90.0))
+    yield StepCheckpoint.objects.filter(pk=claimed[0])
+    _current_step.reset(token)
+
+
+def test_each_guided_model_call_of_a_queued_step_heartbeats_first(online, queued_step):
+    """A breed asks the model once per offspring, in one step whose silence allowance is one call's: each call
+    re-arms the step's clock, and a step handed to another worker meanwhile asks (and pays for) nothing more."""
+    from durable.errors import StepAbandoned
+    from durable.steps import _current_step
+
+    online.chat_replies = [_answer({"agent": "Answer billing questions from the knowledge base."}, "the goal")]
+    assert guided.written_immigrant(MOTHER, "Answer billing questions well.", "gpt-4.1-mini") is not None
+    assert queued_step.get().timeout_at is not None  # re-armed as the call began
+    queued_step.update(status="pending")  # its clock ran out: another worker has it now
+    _current_step.get().last_persist = 0.0  # and the next heartbeat is due (heartbeats persist every few seconds)
+    with pytest.raises(StepAbandoned):
+        guided.merged_crossover(MOTHER, FATHER, {}, "gpt-4.1-mini")
+    assert len(online.chat_payloads) == 1

@@ -211,3 +211,54 @@ def test_a_200_that_is_not_a_chat_completion_fails_as_a_chat_error_naming_the_pr
         chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()))
     assert not isinstance(caught.value, TransientChatError)
     assert len(online.chat_payloads) == 1
+
+
+def _completion(choice=None, usage=None, **fields) -> str:
+    return json.dumps({"id": "x", "object": "chat.completion", "created": 1, "model": "gpt-4.1-mini",
+                       "choices": [choice if choice is not None else _message(content="hi")],
+                       "usage": usage if usage is not None else {"prompt_tokens": 5, "completion_tokens": 2},
+                       **fields})
+
+
+def _message(**fields) -> dict:
+    return {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", **fields}}
+
+
+@pytest.mark.parametrize("body", [
+    _completion({"index": 0, "finish_reason": "stop", "message": None}),
+    _completion(_message(content=None, tool_calls="call it")),
+    _completion(_message(content=None, tool_calls=[{"id": "c1", "type": "function", "function": "search"}])),
+    _completion(_message(content=None, tool_calls=[{"id": "c1", "type": "function",
+                                                    "function": {"name": None, "arguments": "{}"}}])),
+    _completion(_message(content=None, tool_calls=[{"id": None, "type": "function",
+                                                    "function": {"name": "knowledge_search", "arguments": "{}"}}])),
+    _completion(_message(content=["a", "list"])),
+    _completion(_message(content=42)),
+    _completion(usage={"prompt_tokens": "many", "completion_tokens": 1}),
+    _completion(usage={"prompt_tokens": -1000000, "completion_tokens": 1}),
+    _completion(usage={"prompt_tokens": 10 ** 30, "completion_tokens": 1}),
+    _completion(usage={"prompt_tokens": 1e400, "completion_tokens": 1}),
+    _completion(usage={"prompt_tokens": 1, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": -5}}),
+    _completion(model=["gpt"]),
+])
+def test_a_hostile_chat_completion_fails_as_a_chat_error(online, body):
+    online.chat_replies = [(200, JSON_ERROR, body)]
+    with usage_meter() as meter, pytest.raises(ChatError, match=r"openai answered the chat request with") as caught:
+        chat(ChatRequest(model="gpt-4.1-mini", messages=_messages(), tools=(SEARCH,)))
+    assert not isinstance(caught.value, TransientChatError)
+    assert meter.records == []  # nothing counted of an answer that was not one
+
+
+def test_a_lenient_servers_completion_still_parses(online):
+    # no usage, no finish reason, no created, numbers as the server counted them (a float, a numeric string)
+    online.chat_replies = [(200, JSON_ERROR, json.dumps({"choices": [{"message": {
+        "content": None, "tool_calls": [{"id": "c1", "function": {"name": "knowledge_search",
+                                                                  "arguments": '{"query": "q"}'}}]}}]})),
+                           (200, JSON_ERROR, _completion(usage={"prompt_tokens": 12.0, "completion_tokens": "3"}))]
+    response, _ = chat(ChatRequest(model="gpt-4.1-mini", messages=_messages(), tools=(SEARCH,)))
+    assert response.content == "" and response.finish_reason == "tool_calls"
+    assert [(call.id, call.name, call.arguments) for call in response.tool_calls] == [
+        ("c1", "knowledge_search", {"query": "q"})]
+    assert response.usage.input_tokens > 0
+    response, _ = chat(ChatRequest(model="gpt-4.1-mini", messages=_messages()))
+    assert response.content == "hi" and (response.usage.input_tokens, response.usage.output_tokens) == (12, 3)

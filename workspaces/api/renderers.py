@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.admin.utils import quote
 from django.urls import NoReverseMatch, reverse
 from rest_framework.renderers import BrowsableAPIRenderer
 
@@ -30,6 +31,7 @@ def admin_link(model, pk=None) -> str | None:
         return None
     name = f"admin:{model._meta.app_label}_{model._meta.model_name}_{'change' if pk is not None else 'changelist'}"
     try:
-        return reverse(name, args=[pk] if pk is not None else [])
+        # the admin escapes a key's "/", ":", "_"... in its URLs and reads them back so (a run id "ws-1:nightly_2F1")
+        return reverse(name, args=[quote(pk)] if pk is not None else [])
     except NoReverseMatch:
         return None
