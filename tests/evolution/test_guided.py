@@ -110,13 +110,13 @@ def test_a_reflect_merge_with_a_real_model_is_recorded_as_guided_with_its_cost(f
 def queued_step():
     """Code running as the claimed attempt of a queued step (a guided breed on the llm queue's worker)."""
     import tests.durable.workflows  # noqa: F401 - registers tests.heartbeat
-    from durable import engine, store
+    from durable import store, turns
     from durable.models import StepCheckpoint
     from durable.services import run_start
     from durable.steps import _current_step, _StepScope
 
     run = run_start(workflow="tests.heartbeat", input={"seconds": 0.1, "timeout": 90})
-    engine.execute_turn(run.id)
+    turns.execute_turn(run.id)
     (claimed,) = store.steps_claim(run.id, [0], 90.0)
     StepCheckpoint.objects.filter(pk=claimed[0]).update(timeout_at=None)
     token = _current_step.set(_StepScope(claimed[0], claimed[5], 90.0))
