@@ -71,7 +71,7 @@ def test_a_failure_caused_by_one_runs_budget_is_not_reused_by_a_run_with_another
     """An eval run with node_budget=1 makes a two-node workflow fail on every item (score 0, not a
     grading error). A later run of the same version with the default budget must run the items again
     (the failure was the run's budget, not the genome's), not copy the zeros."""
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     two_step = make_version(graph("plan", node("plan", handoffs=["answer"], prompt="Hand off to answer."),
                                   node("answer", prompt="You are a helpful support agent.")), name="two-step")
@@ -85,7 +85,7 @@ def test_a_failure_caused_by_one_runs_budget_is_not_reused_by_a_run_with_another
 
 
 def _looks_up(make_version):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     return make_version(graph("agent", node("agent", tools=["knowledge_search"],
                                             prompt="You are a helpful support agent. Call knowledge_search first.")),
@@ -120,7 +120,7 @@ def test_results_graded_by_another_judge_model_are_not_reused(facts, workspace, 
 
 
 def test_a_failed_invocation_scores_zero_and_is_not_a_grading_error(support_set, make_version, evaluate):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     looping = make_version(graph("a", node("a", handoffs=["b"]), node("b", handoffs=["a"])), name="loops")
     run = evaluate(support_set, looping, node_budget=2)
@@ -132,7 +132,7 @@ def test_a_failed_invocation_scores_zero_and_is_not_a_grading_error(support_set,
 
 
 def test_an_eval_run_is_refused_when_it_cannot_run(workspace, other_workspace, support_set, make_version):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     empty = golden_set_create(workspace=workspace, name="empty", graders=[{"kind": "exact"}])
     ok = make_version(graph("a", node("a")), name="ok")
@@ -322,7 +322,7 @@ def test_a_failure_at_the_start_is_recorded_on_the_eval_run(support_set, support
 
 
 def test_rollback_goes_to_the_version_archived_last(make_version):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
     from workflows.services import workflow_version_activate, workflow_version_create
 
     first = make_version(graph("a", node("a", prompt="one")), name="rollback")
@@ -338,7 +338,7 @@ def test_rollback_walks_back_the_activation_history_whatever_was_evaluated_since
     """v1, v2, v3 activated in turn, then v1 evaluated (which writes its scores): a rollback returns to
     v2, the next to v1, and one more has nowhere to go; a promotion after a rollback is what the next
     rollback undoes."""
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
     from workflows.services import workflow_version_activate, workflow_version_create
 
     v1 = make_version(graph("a", node("a", prompt="one")), name="history")

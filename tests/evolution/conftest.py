@@ -6,7 +6,7 @@ from tests.evals.conftest import ITEMS, evaluate, facts, support_set  # noqa: F4
 @pytest.fixture
 def support_base(make_version):
     """A support agent that answers without looking anything up (room to improve)."""
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     return make_version(graph("agent", node("agent", prompt="You are a helpful support agent.")), name="support")
 

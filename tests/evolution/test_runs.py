@@ -12,7 +12,7 @@ from durable.models import DurableRun
 from evolution import execution
 from evolution.models import EvolutionRun, Generation, Individual
 from evolution.services import EvolutionError, evolution_cancel, evolution_pause, evolution_resume, evolution_start
-from tests.workflows.conftest import graph, node
+from tests.builders import graph, node
 from workflows.dsl import parse
 from workflows.models import WorkflowVersion
 
@@ -200,7 +200,7 @@ def test_a_reflect_step_run_again_after_a_crash_returns_the_same_offspring(facts
 
 def test_an_evolution_is_refused_with_reasons(support_set, support_base, workspace, other_workspace, make_version):
     from evals.services import golden_set_create
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     with pytest.raises(EvolutionError) as refused:
         evolution_start(workflow=support_base.workflow, golden_set=support_set, mode="magic",

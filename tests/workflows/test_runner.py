@@ -8,7 +8,7 @@ import pytest
 
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun, StepCheckpoint
-from tests.workflows.conftest import graph, node
+from tests.builders import graph, node
 from tests.workflows.invocations import WorkerDied, die_after, drive_through_crashes, nodes_of
 from workflows import execution
 from workflows.models import Message, NodeInvocation, WorkflowInvocation

@@ -1,5 +1,5 @@
 """The runner with the OpenAI provider: the real `openai` client over HTTP to a local
-OpenAI-compatible server (tests/llm/conftest.py), in-process and on real Celery workers."""
+OpenAI-compatible server (tests/openai_server.py), in-process and on real Celery workers."""
 
 import json
 import os
@@ -19,8 +19,8 @@ from durable import tick
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun, StepCheckpoint
 from llm.prices import cost_usd
-from tests.llm.conftest import FakeOpenAIChat, peak_overlap
-from tests.workflows.conftest import graph, node
+from tests.builders import graph, node
+from tests.openai_server import FakeOpenAIChat, peak_overlap
 from tests.workflows.invocations import die_after, drive_through_crashes, nodes_of
 from tests.workflows.workers import (
     drive_until_ended,
