@@ -4,6 +4,7 @@ import pytest
 import schemathesis
 
 import tests.durable.workflows  # noqa: F401 - the suites walk every registered workflow, test ones included
+from tests.builders import graph, node
 
 
 @schemathesis.serializer("application/jsonl")
@@ -21,6 +22,11 @@ def _jsonl_body(ctx, value) -> bytes:
 def _no_celery_dispatch(settings):
     """Runs started through the API here are driven in-process (or left pending): no worker listens."""
     settings.DURABLE_DISPATCH_ENABLED = False
+
+
+def solo(prompt: str) -> dict:
+    """A one-node workflow answered by the offline model."""
+    return graph("solo", node("solo", prompt=prompt, model="offline-directive-v1", handoffs=["end"]))
 
 
 def make_world(workspace, user):
@@ -56,9 +62,8 @@ def make_workflow_world(workspace, user, marker):
 
     workflow = workflow_create(workspace=workspace, name=f"flow-{workspace.slug}", description=f"Flow {marker}",
                                owner=user)
-    version, _ = workflow_version_create(workflow=workflow, created_by=user, commit_message=f"First {marker}", dsl={
-        "entryNodeId": "solo", "nodes": [{"nodeId": "solo", "systemPrompt": f"Answer {marker}",
-                                          "gatewayModelId": "offline-directive-v1", "handOffs": ["end"]}]})
+    version, _ = workflow_version_create(workflow=workflow, created_by=user, commit_message=f"First {marker}",
+                                         dsl=solo(f"Answer {marker}"))
     invocation = invocation_start(version=version, input={"note": marker}, user=user)
     node = NodeInvocation.objects.create(workflow_invocation=invocation, seq=1, node_id="solo",
                                          output=f"Output {marker}")
@@ -110,9 +115,8 @@ def make_evolution_world(workspace, user, marker, version):
     run = evolution_start(workflow=version.workflow, golden_set=golden, base_version=version, goal=f"Goal {marker}",
                           config={"population": 3, "generations": 1, "seed": 1}, user=user)
     mutant, _ = workflow_version_create(workflow=version.workflow, operation="mutation", parents=(version,),
-                                        generation=0, commit_message=f"Mutant {marker}", created_by=user, dsl={
-        "entryNodeId": "solo", "nodes": [{"nodeId": "solo", "systemPrompt": f"Answer {marker} in one sentence.",
-                                          "gatewayModelId": "offline-directive-v1", "handOffs": ["end"]}]})
+                                        generation=0, commit_message=f"Mutant {marker}", created_by=user,
+                                        dsl=solo(f"Answer {marker} in one sentence."))
     generation = Generation.objects.create(evolution_run=run, number=0, best_workflow_version=mutant, stats={
         "best": 60.0, "avg": 55.0, "worst": 50.0, "stddev": 5.0, "improvement": None, "members": 2, "note": marker})
     Individual.objects.create(evolution_run=run, generation=generation, workflow_version=version, kind="base",

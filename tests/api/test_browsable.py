@@ -75,7 +75,7 @@ def test_the_browsable_api_and_the_admin_link_to_each_others_page_of_a_row(api_a
     from django.urls import reverse
 
     from tests.admin_users import admin_staff, client_of
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     version = make_version(graph("a", node("a", prompt="Hi.")))
     api_page = f"/api/workflow-versions/{version.pk}/"

@@ -115,7 +115,7 @@ def test_a_lone_surrogate_anywhere_in_a_json_body_is_a_400_naming_the_field(owne
 def test_the_reported_lone_surrogate_cases(api_as, workspace, owner):
     """Each answered a 500: the item's content hash and the DSL's hash encode the text as UTF-8."""
     from evals.services import golden_set_create
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
     from workflows.services import workflow_create
 
     golden = golden_set_create(workspace=workspace, name="surrogates", graders=[{"kind": "contains"}])

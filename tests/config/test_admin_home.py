@@ -20,8 +20,8 @@ from evals.models import EvalRun
 from evals.services import golden_set_create
 from evolution.models import EvolutionRun
 from tests.admin_users import admin_staff, client_of
+from tests.builders import graph, node
 from tests.factories import WorkspaceFactory
-from tests.workflows.conftest import graph, node
 from workflows.models import NodeInvocation, WorkflowInvocation
 from workflows.services import workflow_create, workflow_version_activate, workflow_version_create
 

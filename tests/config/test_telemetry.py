@@ -19,10 +19,10 @@ from config import telemetry
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun
 from durable.turns import execute_turn
+from tests.builders import graph, node
 from tests.evals.conftest import facts, support_set  # noqa: F401 (fixtures)
 from tests.evolution.conftest import evolve, support_base  # noqa: F401 (fixtures)
 from tests.llm.conftest import FakeOpenAIChat
-from tests.workflows.conftest import graph, node
 from workflows.services import invocation_decide, invocation_start
 
 pytestmark = pytest.mark.django_db

@@ -431,7 +431,7 @@ def test_a_long_gantt_chart_is_paged_with_a_show_all_link(admin_client):
 
 
 def test_run_page_links_to_the_rows_it_drives(admin_client, make_version, invoke):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     invocation = invoke(make_version(graph("a", node("a", model="offline-directive-v1"))))
     html = admin_client.get(change_url(invocation.durable_run_id)).content.decode()

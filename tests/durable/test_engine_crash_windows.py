@@ -3,20 +3,24 @@ running the same code, an operator acting while a turn is in flight. Each test n
 interleaving it pins down."""
 
 import contextlib
+import threading
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
-from durable import context, errors, steps, store, tick, turns
+import tests.durable.gate_workflows as gates
+from durable import context, errors, selectors, services, steps, store, tick, turns
 from durable.codec import decode
 from durable.errors import TurnInterrupted
 from durable.inprocess import run_until_settled
-from durable.models import DurableRun, SignalWaiter, StepCheckpoint
+from durable.models import BufferedEvent, BufferedSignal, DurableRun, RunAttribute, SignalWaiter, StepCheckpoint
 from durable.services import run_cancel, run_retry, run_start, signal_send
 from tests.durable.concurrency import in_thread, statement_fails_once, time_out_silent_steps_while, wait_until
+from workspaces.models import Workspace
 
 
 def _status(run_id):
@@ -45,6 +49,41 @@ def test_queued_steps_waiting_in_a_chunk_do_not_time_out_and_finished_ones_settl
     assert seen["settled_early"], "the first step's result was held until the whole chunk ended"
     assert evidence.read_text().split().count("start:2") == 1
     assert run_until_settled(run.id).status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_healthy_step_started_late_in_its_chunk_is_not_timed_out(tmp_path):
+    """A step that starts ~0.7 s into its chunk still has its whole 3 s timeout: it runs once and is
+    not timed out. Earlier: every step's silence clock was armed at claim and re-armed only at
+    flushes between steps, skipped when the previous step took under a second, so the second step was
+    timed out at 2.3 s of the 2.6 s it needs, ran twice, and its first result was thrown away."""
+    evidence = tmp_path / "runs.log"
+    run = run_start(workflow="tests.fan_two_slow", input={"path": str(evidence), "first": 0.7, "second": 2.6,
+                                                          "timeout": 3.0})
+    turns.execute_turn(run.id)
+    worker, outcome = in_thread(steps.execute_steps, run.id, [0, 1])
+    timed_out = time_out_silent_steps_while(worker)
+    assert "error" not in outcome, outcome
+    assert timed_out == 0, "a step was timed out while it ran, within its timeout, on a live worker"
+    assert run_until_settled(run.id).status == "completed"
+    assert evidence.read_text().split().count("start:second") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_finished_result_is_not_lost_while_the_next_step_of_the_chunk_heartbeats(tmp_path):
+    """A step that finished at once, while the next step of its chunk heartbeats for longer than the
+    timeout, is neither timed out nor run again. Earlier: its result waited in memory for the next
+    flush (only between steps), nothing re-armed it, the tick timed it out, the settle at the end was
+    refused and the finished step ran again."""
+    evidence = tmp_path / "runs.log"
+    run = run_start(workflow="tests.fast_then_beating", input={"path": str(evidence), "seconds": 4.0,
+                                                               "timeout": 2.0})
+    turns.execute_turn(run.id)
+    worker, outcome = in_thread(steps.execute_steps, run.id, [0, 1])
+    timed_out = time_out_silent_steps_while(worker)
+    assert "error" not in outcome, outcome
+    assert run_until_settled(run.id).status == "completed"
+    assert (timed_out, evidence.read_text().split().count("start:fast")) == (0, 1)
 
 
 # ------------------------------------------------------------------ 2. retrying a parent whose child ended
@@ -95,6 +134,27 @@ def test_retry_with_new_input_starts_fresh_children():
     assert run.status == "completed", run.error
     assert decode(run.output) == {"child": 10}
     assert DurableRun.objects.filter(parent_id=run.id).count() == 2  # the old child is kept, a new one ran
+
+
+@pytest.mark.django_db
+def test_a_plain_retry_does_not_resurrect_the_ended_children_of_a_completed_child(tmp_path):
+    """A completed child handled a failed grandchild and had its other grandchild cancelled by the
+    close policy. Retrying the (later failed) parent must not run those grandchildren again:
+    nobody waits for them, the completed child never replays."""
+    evidence = tmp_path / "grandchild.log"
+    run = run_until_settled(run_start(workflow="tests.grandparent",
+                                      input={"path": str(evidence), "counter": str(tmp_path / "n")}).id)
+    assert run.status == "failed"
+    assert evidence.read_text().count("ran") == 1
+    grandchildren = DurableRun.objects.filter(parent__parent_id=run.id)
+    before = dict(grandchildren.values_list("workflow", "status"))
+    assert before == {"tests.always_fails": "failed", "tests.waits_forever": "cancelled"}
+    assert run_retry(run_id=run.id)
+    after = dict(grandchildren.values_list("workflow", "status"))
+    assert after == before, "the retry re-opened runs that no parent waits for"
+    run = run_until_settled(run.id)
+    assert run.status == "completed", run.error
+    assert evidence.read_text().count("ran") == 1  # the failed grandchild's step ran again
 
 
 # ------------------------------------------------------------------ 3. a death between a settle and its wake
@@ -150,6 +210,44 @@ def test_a_turn_still_running_when_its_run_is_cancelled_starts_no_child():
     turns.execute_turn(run.id)
     assert _status(run.id) == "cancelled"
     assert not DurableRun.objects.filter(parent_id=run.id).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_racing_a_step_settle_does_not_deadlock():
+    """A cancel landing while a settle holds the step rows, about to wake the run, completes and so
+    does the settle. Earlier: the settle locked the step rows, then the run row (its wake), while a
+    cancel locked the run row, then the step rows (_end_open_work); together they deadlocked and
+    Postgres aborted one."""
+    run = run_start(workflow="tests.fan", input={"n": 2})
+    turns.execute_turn(run.id)
+    settle_waiting, cancel_locked_run = threading.Event(), threading.Event()
+
+    def pause_before_the_wake(execute, sql, params, many, context):
+        if "SET wake_pending = true" in sql and "AS busy" in sql:  # store.WAKE_SQL, inside the settle
+            settle_waiting.set()
+            cancel_locked_run.wait(3)
+        return execute(sql, params, many, context)
+
+    worker, outcome = in_thread(steps.execute_steps, run.id, [0, 1], wrapper=pause_before_the_wake)
+    assert settle_waiting.wait(10)
+
+    def mark_run_locked(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if "SET status = 'cancelled', error" in sql:  # store.CANCEL_SQL: the run row is locked now
+            cancel_locked_run.set()
+        return result
+
+    error = None
+    try:
+        with connection.execute_wrapper(mark_run_locked):
+            assert run_cancel(run_id=run.id)
+    except Exception as exc:
+        error = exc
+    worker.join(20)
+    assert not worker.is_alive(), "the settle never finished"
+    failures = [repr(e) for e in (error, outcome.get("error")) if e is not None]
+    assert not failures, failures
+    assert DurableRun.objects.get(pk=run.id).status == "cancelled"
 
 
 # ------------------------------------------------------------------ 6. a slow worker of an earlier attempt
@@ -248,6 +346,41 @@ def test_a_failed_engine_write_interrupts_the_turn_for_a_retry_and_workflow_code
     assert decode(run.output) == "done"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_value_postgres_cannot_store_fails_the_call_instead_of_looping_the_run_to_dead():
+    """A NUL byte in an attribute value is the workflow's input, not an engine outage: the call
+    raises ValueError, which the workflow catches. Earlier it became EngineWriteFailed, which the
+    workflow cannot catch: each turn was interrupted and retried, and after
+    DURABLE_MAX_RECOVERY_ATTEMPTS the run was 'dead' ("engine writes kept failing")."""
+    run = run_start(workflow="tests.nul_attribute", input={})
+    interrupted = 0
+    for _ in range(10):
+        try:
+            turns.execute_turn(run.id)
+        except TurnInterrupted:
+            interrupted += 1
+            DurableRun.objects.filter(pk=run.id, status="suspended").update(wake_at=timezone.now())
+        if DurableRun.objects.get(pk=run.id).status in DurableRun.Status.TERMINAL:
+            break
+    run = DurableRun.objects.get(pk=run.id)
+    assert (run.status, interrupted) == ("completed", 0), (run.status, interrupted, decode(run.error))
+    assert decode(run.output) == "rejected"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_value_in_a_transaction_does_not_undo_the_transactions_before_it():
+    """A ctx.transaction whose checkpoint Postgres refuses raises ValueError, which the workflow handles;
+    the transactions the turn ran before it (open in the same commit) keep their writes: the run then
+    completes and no replay does them again."""
+    from workspaces.models import Workspace
+
+    run = run_until_settled(run_start(workflow="tests.transaction_then_refused_one",
+                                      input={"name": "kept by the first transaction"}).id)
+    assert run.status == "completed", decode(run.error)
+    assert decode(run.output) == {"kept": "kept by the first transaction", "refused": True}
+    assert Workspace.objects.filter(name="kept by the first transaction").count() == 1
+
+
 # ------------------------------------------------------------------ 9. leases
 
 
@@ -293,6 +426,180 @@ def test_a_late_step_of_an_abandoned_history_is_dropped_by_the_next_replay():
     assert not StepCheckpoint.objects.filter(run_id=run.id, name="late").exists()
 
 
+# ------------------------------------------------------------------ 10. stale turns behind the history fence
+# A stale turn of a cancelled or retried run must not write into the run's new history, whatever it records
+# after its stall. Each test runs a real turn in another thread (its own connection) that stalls inside a step
+# while the run is cancelled / retried, then lets it go on. The keeper renews leases every lease_seconds / 3,
+# so until its next renewal the stale turn's `ctx` calls are not stopped by the keeper: only the engine's
+# write fencing stops them (earlier, 120e721, an inline step's checkpoint was stamped with the history fence
+# instead of being fenced by the turn's lease, and these writes landed). The lease is made long here
+# (`long_lease`) so the keeper's timing cannot make the tests flaky; the window exists with any lease length.
+
+
+@pytest.fixture
+def long_lease(settings):
+    """A lease long enough that the keeper's renewals cannot stop a stale turn before the fence does."""
+    settings.DURABLE_LEASE_SECONDS = 600.0
+
+
+def stalled_turn(run_id: str, key: str):
+    """A turn of the run, in another thread, stalled in its gate step; returns (thread, outcome, release)."""
+    entered, release = gates.arm(key)
+    worker, outcome = in_thread(turns.execute_turn, run_id)
+    assert entered.wait(10), "the turn never reached its gate"
+    return worker, outcome, release
+
+
+def finish(worker, outcome, release):
+    release.set()
+    worker.join(20)
+    assert not worker.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    return outcome["value"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("long_lease")
+def test_a_stale_turn_cannot_take_a_signal_buffered_for_the_retried_history():
+    key = uuid.uuid4().hex
+    run = services.run_start(workflow="tests.gate.signal_after_gate", input={"gate": key})
+    worker, outcome, release = stalled_turn(run.id, key)
+    assert services.run_cancel(run_id=run.id)
+    assert services.run_retry(run_id=run.id)
+    # the retried run is not waiting yet: the signal is buffered for it
+    assert services.signal_send(run_id=run.id, name="go", payload="hello") == "buffered"
+    finish(worker, outcome, release)  # the stale turn goes on: its record of "gate" is unfenced...
+    run = run_until_settled(run.id, max_wait=2)
+    assert run.status == "completed", (
+        f"run is {run.status}; buffered signals left: {BufferedSignal.objects.filter(run_id=run.id).count()} "
+        "(the stale turn consumed the signal and recorded it under the old fence; the replay dropped that record)")
+    assert decode(run.output) == "hello"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("long_lease")
+def test_a_cancelled_runs_stale_turn_cannot_commit_a_ctx_transaction():
+    key, name = uuid.uuid4().hex, "tx-" + uuid.uuid4().hex
+    run = services.run_start(workflow="tests.gate.transaction_gate", input={"gate": key, "name": name})
+    worker, outcome, release = stalled_turn(run.id, key)
+    assert services.run_cancel(run_id=run.id)
+    assert finish(worker, outcome, release).outcome == "lease_lost"
+    # run_cancel: "a turn still running there has its writes refused, so it can neither finish, checkpoint..."
+    assert Workspace.objects.filter(name=name).count() == 0, "the cancelled run's transaction committed"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("long_lease")
+def test_ctx_transaction_writes_exactly_once_across_a_retry_racing_a_stale_turn():
+    key, name = uuid.uuid4().hex, "tx-" + uuid.uuid4().hex
+    run = services.run_start(workflow="tests.gate.transaction_gate", input={"gate": key, "name": name})
+    worker, outcome, release = stalled_turn(run.id, key)
+    assert services.run_cancel(run_id=run.id)
+    assert services.run_retry(run_id=run.id)
+    finish(worker, outcome, release)
+    run = run_until_settled(run.id, max_wait=2)
+    assert run.status == "completed"
+    assert Workspace.objects.filter(name=name).count() == 1, (
+        "ctx.transaction's writes committed twice: the stale turn's commit (old fence) and the new history's")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("long_lease")
+def test_a_stale_turn_of_an_abandoned_history_cannot_set_the_new_historys_attributes():
+    key = uuid.uuid4().hex
+    run = services.run_start(workflow="tests.gate.attributes_by_input", input={"phase": "old", "gate": key})
+    worker, outcome, release = stalled_turn(run.id, key)
+    assert services.run_cancel(run_id=run.id)
+    assert services.run_retry(run_id=run.id, input={"phase": "new", "gate": ""}, new_input=True)
+    run = run_until_settled(run.id, max_wait=2)
+    assert run.status == "completed" and decode(run.output) == "new"
+    assert RunAttribute.objects.get(run_id=run.id, key="phase").value == "new"
+    finish(worker, outcome, release)  # the old history's turn goes on after the new history completed
+    assert RunAttribute.objects.get(run_id=run.id, key="phase").value == "new", (
+        "the abandoned history overwrote the completed new history's search attribute")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("long_lease")
+def test_the_timeline_of_a_completed_run_shows_only_its_own_history():
+    key = uuid.uuid4().hex
+    run = services.run_start(workflow="tests.gate.attributes_by_input", input={"phase": "old", "gate": key})
+    worker, outcome, release = stalled_turn(run.id, key)
+    assert services.run_cancel(run_id=run.id)
+    assert services.run_retry(run_id=run.id, input={"phase": "new", "gate": ""}, new_input=True)
+    run = run_until_settled(run.id, max_wait=2)
+    assert run.status == "completed"
+    finish(worker, outcome, release)
+    names = [entry.name for entry in selectors.run_timeline(run.id)]
+    assert names == ["set_attributes"], f"timeline of the completed run: {names}"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("long_lease")
+def test_a_cancelled_runs_stale_turn_cannot_take_a_buffered_event_from_the_namespace():
+    key, event = uuid.uuid4().hex, "ev-" + uuid.uuid4().hex
+    run = services.run_start(workflow="tests.gate.event_after_gate", input={"gate": key, "event": event})
+    worker, outcome, release = stalled_turn(run.id, key)
+    assert services.run_cancel(run_id=run.id)
+    assert services.event_publish(name=event, payload={"n": 1}) == 0  # nobody waits: buffered
+    assert finish(worker, outcome, release).outcome == "lease_lost"
+    waiter = services.run_start(workflow="tests.gate.event_waiter", input={"event": event})
+    waiter = run_until_settled(waiter.id, max_wait=2)
+    assert waiter.status == "completed", (
+        f"the live waiter is {waiter.status}; buffered events left: "
+        f"{BufferedEvent.objects.filter(name=event).count()} (the cancelled run's stale turn took it)")
+    assert decode(waiter.output) == {"n": 1}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("long_lease")
+def test_a_late_write_landing_inside_a_plain_retry_is_not_adopted_by_the_new_history():
+    """run_retry prunes (DELETE) and then re-stamps what is left (UPDATE ... SET fence) in two statements:
+    a stale turn's write between them is refused, and the new history replays only its own checkpoints.
+    Earlier such an insert committed, was re-stamped with the new fence and replayed into the new
+    history."""
+    from django.db import connection
+
+    from durable.context import Context, _Checkpoint
+    from durable.store import REPLAY_SQL, raw_cursor
+
+    key = uuid.uuid4().hex
+    run = services.run_start(workflow="tests.gate.fail_fast_fan", input={"key": key})
+    assert turns.execute_turn(run.id).outcome == "suspended"  # the fan is started
+    steps.execute_steps(run.id, [0])  # item "a" fails (its first call); item "b" has not run yet
+    cursor = raw_cursor()
+    cursor.execute(REPLAY_SQL, (run.id,))
+    snapshot = [_Checkpoint(row) for row in cursor.fetchall()]  # what a turn claimed now replays from
+    assert [(cp.seq, cp.status) for cp in snapshot] == [(0, "failed"), (1, "pending")]
+
+    def stale_turn_decides_fail_fast():
+        # the turn that replayed that snapshot, stalled before recording its fail_fast choice (the run
+        # was cancelled meanwhile), records it now
+        ctx = Context(run_id=run.id, workflow="tests.gate.fail_fast_fan", namespace="default", priority=0,
+                      checkpoints={cp.seq: cp for cp in snapshot}, tags=[], token="stale-turn", fence=0)
+        ctx.all(gates.fan_items({"key": key}), mode="fail_fast")
+
+    assert services.run_cancel(run_id=run.id)
+    state = {}
+
+    def late_write_between_prune_and_restamp(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if "DELETE FROM durable_stepcheckpoint AS cp USING fan" in sql and "stale" not in state:
+            worker, outcome = in_thread(stale_turn_decides_fail_fast)  # right after the prune
+            worker.join(20)
+            assert not worker.is_alive(), "the stale turn never finished"
+            state["stale"] = outcome
+        return result
+
+    with connection.execute_wrapper(late_write_between_prune_and_restamp):
+        assert services.run_retry(run_id=run.id)
+    assert "stale" in state, "the retry never pruned the fan"
+    assert isinstance(state["stale"].get("error"), errors.LeaseLost), state["stale"]  # refused, not adopted
+    run = run_until_settled(run.id, max_wait=5)
+    assert run.status == "completed", decode(run.error).get("message")
+    assert decode(run.output) == [key, 2]
+
+
 # ------------------------------------------------------------------ misuse, waits, continue-as-new
 
 
@@ -327,6 +634,34 @@ def test_continue_as_new_keeps_one_history_and_gives_children_new_ids():
     assert StepCheckpoint.objects.filter(run_id=run.id).count() == 2  # only the last history's step and child
     children = sorted(DurableRun.objects.filter(parent_id=run.id).values_list("id", flat=True))
     assert children == [f"{run.id}/1", f"{run.id}/1.1", f"{run.id}/2.1", f"{run.id}/3.1"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_continue_as_new_never_cancels_the_new_historys_children():
+    """A worker that turns the new history right when the old turn applies the close policy (the
+    old history's active children are cancelled) never has the new history's child cancelled: the
+    policy applies inside the continue-as-new transaction, before the new history can start. Earlier
+    it applied after, and could cancel the new history's child."""
+    run = run_start(workflow="tests.loop_with_child", input={"n": 0})
+    state = {"done": False}
+
+    def new_history_starts_first(execute, sql, params, many, context):
+        if not state["done"] and "WITH RECURSIVE tree" in sql:
+            state["done"] = True  # the old turn's close policy is about to look for children
+            worker, outcome = in_thread(turns.execute_turn, run.id)
+            worker.join(20)
+            assert not worker.is_alive(), "the new history's turn never finished"
+            state["new_turn"] = outcome
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(new_history_starts_first):
+        assert turns.execute_turn(run.id).outcome == "continued"
+    assert "error" not in state["new_turn"], state["new_turn"]
+    assert state["new_turn"]["value"].outcome in ("not_claimed", "suspended")
+    run = run_until_settled(run.id)
+    assert run.status == "completed", decode(run.error)["message"]
+    assert decode(run.output) == 1
+    assert DurableRun.objects.get(pk=f"{run.id}/1.0").status == "completed"
 
 
 @pytest.fixture

@@ -59,6 +59,47 @@ def test_retry_with_new_input_starts_over():
     assert StepCheckpoint.objects.filter(run=run).count() == 4
 
 
+@pytest.mark.django_db
+def test_a_plain_retry_of_a_fan_with_a_failed_item_reruns_the_failed_item(tmp_path):
+    """Retry deletes the failed item's checkpoint and keeps the completed one; the replay re-runs only
+    the failed item. Earlier: the replay found a fan with 1 checkpoint for 2 items and failed with a
+    non-determinism error, every time."""
+    run = run_until_settled(run_start(workflow="tests.fan_flaky", input={"counter": str(tmp_path / "n")}).id)
+    assert run.status == "failed"
+    assert run_retry(run_id=run.id)
+    run = run_until_settled(run.id)
+    assert run.status == "completed", decode(run.error)["message"]
+    assert decode(run.output) == [1, 1]
+
+
+@pytest.mark.django_db
+def test_a_plain_retry_of_a_fail_fast_fan_whose_child_now_succeeds_completes(tmp_path):
+    """The failed child is re-run and now succeeds: the retried run completes. Earlier: the fail_fast
+    record (a completed 'value' checkpoint) survived the retry and the replay refused it as
+    non-deterministic."""
+    run = run_until_settled(run_start(workflow="tests.fail_fast_one_child",
+                                      input={"counter": str(tmp_path / "n")}).id)
+    assert run.status == "failed"
+    assert run_retry(run_id=run.id)
+    run = run_until_settled(run.id)
+    assert run.status == "completed", decode(run.error)["message"]
+    assert decode(run.output) == [1]
+
+
+@pytest.mark.django_db
+def test_a_plain_retry_replays_a_handled_failure_that_now_succeeds(tmp_path):
+    """A step whose failure was handled (a fallback branch) succeeds on the retry: the code takes the
+    other branch and the run completes. Earlier: retry kept the completed fallback recorded *after*
+    the dropped failed step, the new branch met the fallback's checkpoint, a non-determinism error,
+    and every further retry failed the same way."""
+    run = run_until_settled(run_start(workflow="tests.fallback_then_fail",
+                                      input={"counter": str(tmp_path / "a"), "counter2": str(tmp_path / "b")}).id)
+    assert run.status == "failed"
+    assert run_retry(run_id=run.id)
+    run = run_until_settled(run.id)
+    assert run.status == "completed", decode(run.error)["message"]
+
+
 def test_expired_leases_are_recovered_then_declared_dead(settings):
     settings.DURABLE_MAX_RECOVERY_ATTEMPTS = 1
     run = run_start(workflow="tests.signal", input={})

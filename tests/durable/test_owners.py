@@ -7,8 +7,8 @@ import pytest
 
 from durable.inprocess import run_until_settled
 from durable.services import run_cancel, run_start
+from tests.builders import graph, node
 from tests.evals.conftest import support_set  # noqa: F401  (shared fixture)
-from tests.workflows.conftest import graph, node
 
 pytestmark = pytest.mark.django_db
 

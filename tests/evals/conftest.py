@@ -1,6 +1,6 @@
 import pytest
 
-from tests.llm.conftest import FakeOpenAIChat
+from tests.openai_server import FakeOpenAIChat
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def judged_set(workspace, make_version):
     """A golden set graded by the LLM judge alone, of `questions`, and a version answering them offline (so
     only the judge's calls reach judge_server)."""
     from evals.services import golden_item_add, golden_set_create
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     def make(name: str, questions=("Why did the deploy fail?",)):
         golden = golden_set_create(workspace=workspace, name=name, graders=[{"kind": "llm_judge"}])
@@ -79,7 +79,7 @@ def support_set(workspace):
 @pytest.fixture
 def support_versions(make_version):
     """A base support agent that answers without looking anything up, and one that searches first."""
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     base = make_version(graph("agent", node("agent", prompt="You are a helpful support agent.")), name="support")
     better_dsl = graph("agent", node("agent", tools=["knowledge_search"],

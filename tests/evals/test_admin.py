@@ -24,9 +24,9 @@ from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
 from evals.selectors import score_histogram
 from evals.services import eval_run_cancel, eval_run_start, golden_item_add, golden_set_create, version_promote
 from tests.admin_users import admin_staff, client_of
+from tests.builders import graph, node
 from tests.evals.conftest import result_key
 from tests.factories import MembershipFactory
-from tests.workflows.conftest import graph, node
 from workflows.models import WorkflowVersion
 from workflows.services import workflow_create, workflow_version_activate, workflow_version_create
 

@@ -12,8 +12,8 @@ from evals.api import views
 from evals.graders import GRADER_KINDS
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion
 from evals.services import eval_run_start, golden_item_add, golden_set_create
+from tests.builders import graph, node
 from tests.factories import MembershipFactory, UserFactory, WorkspaceFactory
-from tests.workflows.conftest import graph, node
 from workflows.models import WorkflowVersion
 from workflows.services import workflow_create, workflow_version_activate, workflow_version_create
 from workspaces.models import Membership

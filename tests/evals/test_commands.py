@@ -9,8 +9,8 @@ from django.core.management import CommandError, call_command
 from config.supervisor import stop_process_groups
 from evals.models import EvalRun
 from evals.services import golden_item_add, golden_set_create
-from tests.llm.conftest import FakeOpenAIChat
-from tests.workflows.conftest import graph, node
+from tests.builders import graph, node
+from tests.openai_server import FakeOpenAIChat
 from tests.workflows.workers import llm_worker
 
 
@@ -41,7 +41,7 @@ def test_eval_shows_progress_results_and_a_summary_then_compare_gives_the_verdic
 
 @pytest.mark.django_db
 def test_eval_and_compare_refuse_clearly(support_set, support_versions, make_version):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     base, better = support_versions
     with pytest.raises(CommandError, match="no golden set 'nope'"):

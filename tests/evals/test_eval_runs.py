@@ -12,6 +12,7 @@ from evals.services import (
     EvalError,
     PromotionRefused,
     compare_versions,
+    eval_run_prepare,
     eval_run_start,
     golden_item_add,
     golden_set_create,
@@ -65,8 +66,61 @@ def test_the_same_version_set_and_graders_reuse_results_unless_asked_not_to(fact
     assert fresh.items_reused == 0 and WorkflowInvocation.objects.count() == invocations + 7
 
 
+def test_a_failure_caused_by_one_runs_budget_is_not_reused_by_a_run_with_another(facts, support_set, make_version,
+                                                                              evaluate):
+    """An eval run with node_budget=1 makes a two-node workflow fail on every item (score 0, not a
+    grading error). A later run of the same version with the default budget must run the items again
+    (the failure was the run's budget, not the genome's), not copy the zeros."""
+    from tests.builders import graph, node
+
+    two_step = make_version(graph("plan", node("plan", handoffs=["answer"], prompt="Hand off to answer."),
+                                  node("answer", prompt="You are a helpful support agent.")), name="two-step")
+    starved = evaluate(support_set, two_step, node_budget=1)
+    assert starved.status == "completed"
+    assert {r.score for r in GoldenResult.objects.filter(eval_run=starved)} == {0.0}
+    assert all("budget" in r.error for r in GoldenResult.objects.filter(eval_run=starved))
+    normal = evaluate(support_set, two_step)
+    assert normal.status == "completed"
+    assert normal.items_reused == 0, "budget failures were copied into a run with another budget"
+
+
+def _looks_up(make_version):
+    from tests.builders import graph, node
+
+    return make_version(graph("agent", node("agent", tools=["knowledge_search"],
+                                            prompt="You are a helpful support agent. Call knowledge_search first.")),
+                        name="looks-up")
+
+
+def test_results_graded_by_another_judge_model_are_not_reused(facts, workspace, make_version, evaluate, settings):
+    """graders_hash does not cover the judge model (evals/graders/guide.md says so: "a caller reusing results
+    must key on those too"). The reuse key holds the judge as this installation resolves it: two real
+    judges differ (their results are not shared); offline, every judge model is the same deterministic
+    fallback, so its results are reused."""
+    from evals.execution import grading_digest
+    from evals.services import golden_item_add, golden_set_create
+    from tests.evals.conftest import ITEMS
+
+    graders = [{"kind": "llm_judge", "weight": 1.0}]
+    assert grading_digest(graders, "gpt-4.1-mini") == grading_digest(graders, "gpt-4.1")  # offline: one fallback
+    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+    assert grading_digest(graders, "gpt-4.1-mini") != grading_digest(graders, "gpt-4.1")
+    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "offline", ""
+
+    golden = golden_set_create(workspace=workspace, name="judged", graders=[{"kind": "llm_judge"}])
+    for question, expected, _ in ITEMS[:3]:
+        golden_item_add(golden_set=golden, input={"text": question}, expected_output=expected)
+    version = _looks_up(make_version)
+    settings.EVAL_JUDGE_MODEL = "gpt-4.1-mini"
+    first = evaluate(golden, version)
+    assert first.status == "completed" and first.config["judge_model"] == "gpt-4.1-mini"
+    settings.EVAL_JUDGE_MODEL = "gpt-4.1"
+    second = evaluate(golden, version)
+    assert second.config["judge_model"] == "gpt-4.1" and second.items_reused == 3
+
+
 def test_a_failed_invocation_scores_zero_and_is_not_a_grading_error(support_set, make_version, evaluate):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     looping = make_version(graph("a", node("a", handoffs=["b"]), node("b", handoffs=["a"])), name="loops")
     run = evaluate(support_set, looping, node_budget=2)
@@ -78,7 +132,7 @@ def test_a_failed_invocation_scores_zero_and_is_not_a_grading_error(support_set,
 
 
 def test_an_eval_run_is_refused_when_it_cannot_run(workspace, other_workspace, support_set, make_version):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     empty = golden_set_create(workspace=workspace, name="empty", graders=[{"kind": "exact"}])
     ok = make_version(graph("a", node("a")), name="ok")
@@ -157,6 +211,53 @@ def test_a_candidate_that_is_not_significantly_better_is_refused(facts, support_
     assert WorkflowVersion.objects.get(pk=better.pk).status == "active"
 
 
+def test_compare_pairs_only_results_graded_on_the_same_item_contents(facts, support_set, support_versions, evaluate):
+    """Version a was evaluated, then every item's expected output was rewritten (a different
+    question to pass), then version b was evaluated. A paired test over "the same items" must only
+    pair results graded on the same contents: here none, so the comparison has no data (or is
+    refused), never a verdict from a's answers to old items against b's answers to new ones."""
+    base, better = support_versions
+    evaluate(support_set, base)
+    for item in support_set.items.all():
+        item.expected_output = "Unrelated: " + item.expected_output[::-1]
+        item.save()
+    evaluate(support_set, better)
+    try:
+        result = compare_versions(golden_set=support_set, version_a=base, version_b=better)
+    except Exception as exc:  # a refusal naming the stale run is fine
+        assert "changed" in str(exc) or "stale" in str(exc)
+        return
+    assert result["comparison"]["n"] == 0, result["comparison"]
+
+
+def test_a_minibatch_run_is_neither_the_comparison_evidence_nor_the_versions_average(facts, support_set,
+                                                                                   support_versions, evaluate):
+    """Reflective evolution scores candidates on minibatches (`eval_run_prepare(item_ids=...)`). Such a
+    run must not overwrite the version's avg_score/pass_rate with a two-item figure, nor become the
+    "latest completed run" a comparison or promotion is decided on (it would pair two items instead
+    of six, and skip the critical items outside the batch)."""
+    from durable.inprocess import run_until_settled
+    from durable.services import run_start
+    from evals.durable_workflows import EVAL_WORKFLOW
+
+    base, better = support_versions
+    evaluate(support_set, base)
+    full = evaluate(support_set, better)
+    better.refresh_from_db()
+    full_avg = better.avg_score
+    items = list(support_set.items.order_by("position").values_list("pk", flat=True))
+    mini = eval_run_prepare(golden_set=support_set, version=better, item_ids=items[-2:], reuse=True)
+    durable = run_start(workflow=EVAL_WORKFLOW, input={"eval_run_id": mini.pk}, run_id=f"eval-{mini.pk}",
+                        namespace=support_set.workspace.namespace)
+    run_until_settled(durable.pk, max_wait=60)
+    mini.refresh_from_db()
+    assert mini.status == "completed" and mini.items_total == 2
+    result = compare_versions(golden_set=support_set, version_a=base, version_b=better)
+    better.refresh_from_db()
+    assert result["eval_run_b"] == full.pk and result["comparison"]["n"] == 6, result["comparison"]
+    assert better.avg_score == full_avg
+
+
 def test_a_critical_regression_blocks_a_promotion(support_set, support_versions, owner, monkeypatch):
     """Eight items better by 0.3 to 0.5, the critical one worse by 0.15: significant overall, still refused."""
     from evals import services
@@ -181,6 +282,34 @@ def test_a_critical_regression_blocks_a_promotion(support_set, support_versions,
         version_promote(candidate=better, golden_set=support_set, user=owner)
 
 
+def test_a_critical_item_the_candidate_was_not_graded_on_blocks_a_promotion(support_set, support_versions, owner,
+                                                                            monkeypatch):
+    """Ten items better by 0.4 (significant), the critical item a grading error (score None) for the
+    candidate where the active version scored 1.0. A promotion needs "no critical item regressed";
+    a critical item with no score cannot show that, so the promotion must be refused (or the item
+    reported among the critical regressions), not go through silently."""
+    from evals.services import PromotionRefused, golden_item_add, version_promote
+    from workflows.models import WorkflowVersion
+    from workflows.services import workflow_version_activate
+
+    base, better = support_versions
+    workflow_version_activate(version=base)
+    items = list(support_set.items.order_by("position"))
+    items += [golden_item_add(golden_set=support_set, input={"text": f"q{n}"}, expected_output="x") for n in range(4)]
+    critical = next(i for i in items if i.critical)
+    a_scores = {i.pk: (1.0 if i.pk == critical.pk else 0.4) for i in items}
+    b_scores = {i.pk: (None if i.pk == critical.pk else 0.8) for i in items}
+    runs = {base.pk: EvalRun(pk=1), better.pk: EvalRun(pk=2)}
+    monkeypatch.setattr("evals.selectors.latest_completed_run", lambda golden_set, version: runs[version.pk])
+    monkeypatch.setattr("evals.selectors.run_scores", lambda run: a_scores if run.pk == 1 else b_scores)
+    try:
+        version_promote(candidate=better, golden_set=support_set, user=owner)
+    except PromotionRefused:
+        return
+    assert WorkflowVersion.objects.get(pk=better.pk).status != "active", \
+        "promoted with its critical item ungraded"
+
+
 def test_a_failure_at_the_start_is_recorded_on_the_eval_run(support_set, support_versions, evaluate, monkeypatch):
     from durable import owners
 
@@ -193,7 +322,7 @@ def test_a_failure_at_the_start_is_recorded_on_the_eval_run(support_set, support
 
 
 def test_rollback_goes_to_the_version_archived_last(make_version):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
     from workflows.services import workflow_version_activate, workflow_version_create
 
     first = make_version(graph("a", node("a", prompt="one")), name="rollback")
@@ -209,7 +338,7 @@ def test_rollback_walks_back_the_activation_history_whatever_was_evaluated_since
     """v1, v2, v3 activated in turn, then v1 evaluated (which writes its scores): a rollback returns to
     v2, the next to v1, and one more has nowhere to go; a promotion after a rollback is what the next
     rollback undoes."""
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
     from workflows.services import workflow_version_activate, workflow_version_create
 
     v1 = make_version(graph("a", node("a", prompt="one")), name="history")

@@ -9,8 +9,8 @@ import pytest
 
 from evals.models import GoldenItem, GoldenResult
 from evals.services import eval_run_start, golden_item_add, golden_set_create
-from tests.llm.conftest import FakeOpenAIChat
-from tests.workflows.conftest import graph, node
+from tests.builders import graph, node
+from tests.openai_server import FakeOpenAIChat
 from tests.workflows.workers import kill_mid_call_and_finish
 from workflows.models import WorkflowInvocation
 

@@ -7,9 +7,9 @@ import pytest
 from evals import services
 from evals.models import EvalRun, GoldenResult, Promotion
 from evals.services import EvalError, golden_item_add, golden_set_create, version_promote
+from tests.builders import graph, node
 from tests.durable.concurrency import in_thread
 from tests.evals.conftest import result_key
-from tests.workflows.conftest import graph, node
 from workflows.models import WorkflowVersion
 from workflows.services import workflow_create, workflow_version_activate, workflow_version_create
 

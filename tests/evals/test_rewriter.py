@@ -7,8 +7,8 @@ import pytest
 
 from evals.rewriter import offline_proposal, propose, worst_failures
 from evals.services import golden_item_add, golden_set_create
+from tests.builders import graph, node
 from tests.evals.conftest import ITEMS
-from tests.workflows.conftest import graph, node
 from workflows.models import WorkflowVersion
 
 pytestmark = pytest.mark.django_db
@@ -81,7 +81,7 @@ def test_a_directive_already_in_the_prompt_is_not_added_again(facts, support_set
 
 
 def test_a_real_model_rewrites_through_the_openai_client(facts, support_set, support_versions, evaluate, settings):
-    from tests.llm.conftest import FakeOpenAIChat
+    from tests.openai_server import FakeOpenAIChat
 
     base, _ = support_versions
     run = evaluate(support_set, base)  # offline
@@ -106,7 +106,7 @@ def test_a_real_model_rewrites_through_the_openai_client(facts, support_set, sup
 
 def test_the_rewriter_model_setting_names_who_rewrites(facts, support_set, support_versions, evaluate, settings):
     """EVAL_REWRITER_MODEL: a real model rewrites the prompts of a node whose own model is another."""
-    from tests.llm.conftest import FakeOpenAIChat
+    from tests.openai_server import FakeOpenAIChat
 
     base, _ = support_versions
     run = evaluate(support_set, base)  # offline

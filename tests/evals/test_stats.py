@@ -60,6 +60,19 @@ def test_tied_items_do_not_turn_no_difference_into_better():
     assert result.n == 14 and result.mean_diff == pytest.approx(1.5 / 14, abs=1e-6)
 
 
+def test_a_candidate_worse_on_almost_every_item_is_never_called_better():
+    """Nineteen of twenty items drop a little and one jumps: the Wilcoxon test is highly significant
+    *because the ranks are overwhelmingly negative*, while the mean difference is positive (and its 95%
+    bootstrap interval spans 0). The verdict must not be "better" (the direction of a significant
+    result is the test's: its rank sums, or a one-sided alternative), or a promotion goes through for
+    a version that is worse on 95% of the set."""
+    a = [0.5] * 19 + [0.0]
+    b = [0.5 - 0.001 * (i + 1) for i in range(19)] + [1.0]
+    comparison = paired_comparison(a, b)
+    assert comparison.p_value < 0.05 and comparison.mean_diff > 0  # the data are as described
+    assert comparison.verdict != "better", comparison
+
+
 def test_the_p_value_is_scipys_on_the_non_zero_differences():
     """Seeded random cases with ties, zeros and every sample size the methods switch at (13, 50)."""
     from scipy.stats import wilcoxon

@@ -7,7 +7,7 @@ from tests.llm.conftest import openai_server  # noqa: F401  (the local OpenAI-co
 @pytest.fixture
 def support_base(make_version):
     """A support agent that answers without looking anything up (room to improve)."""
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     return make_version(graph("agent", node("agent", prompt="You are a helpful support agent.")), name="support")
 

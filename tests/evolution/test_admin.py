@@ -26,7 +26,7 @@ from evolution.conf import DEFAULTS
 from evolution.models import EvolutionRun, Generation, Individual
 from evolution.services import evolution_start
 from tests.admin_users import admin_staff, client_of
-from tests.workflows.conftest import graph, node
+from tests.builders import graph, node
 from workflows.models import WorkflowVersion
 from workflows.services import workflow_create, workflow_version_activate, workflow_version_create
 

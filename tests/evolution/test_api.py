@@ -14,9 +14,9 @@ from evals.services import golden_item_add, golden_set_create
 from evolution.api import views
 from evolution.conf import DEFAULTS, LIMITS
 from evolution.models import EvolutionRun, Generation, Individual
+from tests.builders import graph, node
 from tests.evals.conftest import support_versions  # noqa: F401  (shared fixture)
 from tests.factories import MembershipFactory, UserFactory, WorkspaceFactory
-from tests.workflows.conftest import graph, node
 from workflows.models import WorkflowVersion
 from workflows.services import workflow_create, workflow_version_activate, workflow_version_create
 from workspaces.models import Membership

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from evolution import execution, guided
-from tests.workflows.conftest import graph, node
+from tests.builders import graph, node
 from workflows.dsl import parse
 
 pytestmark = pytest.mark.django_db

@@ -13,8 +13,8 @@ from evals.models import EvalRun
 from evals.services import golden_item_add, golden_set_create
 from evolution.models import Individual
 from evolution.services import evolution_start
-from tests.llm.conftest import FakeOpenAIChat
-from tests.workflows.conftest import graph, node
+from tests.builders import graph, node
+from tests.openai_server import FakeOpenAIChat
 from tests.workflows.workers import kill_mid_call_and_finish
 
 

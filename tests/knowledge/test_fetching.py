@@ -5,7 +5,7 @@ only connections go to local test servers on loopback."""
 import pytest
 
 from knowledge.fetching import AddressPolicy, BlockedAddress, FetchError, fetch_url
-from tests.knowledge.servers import LocalServer
+from tests.local_server import LocalServer
 
 PUBLIC = AddressPolicy()
 

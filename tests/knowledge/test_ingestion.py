@@ -11,7 +11,7 @@ from knowledge import ingestion, services
 from knowledge.models import KnowledgeChunk, KnowledgeChunkStage, KnowledgeSource
 from llm.embeddings import OfflineEmbeddingProvider, TransientEmbeddingError, WordLlamaEmbeddingProvider
 from tests.knowledge.fixtures import HTML_PAGE, make_docx, make_pdf
-from tests.knowledge.servers import LocalServer
+from tests.local_server import LocalServer
 
 pytestmark = pytest.mark.django_db
 

@@ -348,7 +348,7 @@ def test_permanent_errors_are_not_retried(scripted):
 
 @pytest.fixture
 def local_server(settings, openai_server):
-    """Online settings with OPENAI_BASE_URL on the local OpenAI-compatible server (tests/llm/conftest.py)."""
+    """Online settings with OPENAI_BASE_URL on the local OpenAI-compatible server (tests/openai_server.py)."""
     settings.LLM_PROVIDER = "openai"
     settings.OPENAI_API_KEY = "sk-test"
     settings.OPENAI_BASE_URL = openai_server.url("/v1")

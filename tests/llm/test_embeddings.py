@@ -17,7 +17,7 @@ from llm.embeddings import (
 )
 from llm.retry import RetryPolicy
 from llm.usage import usage_meter
-from tests.knowledge.servers import FakeOpenAI
+from tests.openai_server import FakeOpenAI
 
 
 def test_offline_vectors_are_deterministic_unit_length_and_of_the_configured_width():

@@ -1,5 +1,5 @@
 """The OpenAI chat provider through the real `openai` client, talking HTTP to a local
-OpenAI-compatible server (tests/llm/conftest.py), reached through `llm.chat.chat`."""
+OpenAI-compatible server (tests/openai_server.py), reached through `llm.chat.chat`."""
 
 import json
 from decimal import Decimal

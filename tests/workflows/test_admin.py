@@ -649,6 +649,44 @@ def test_user_server_config_secrets_are_write_only(staff_client, staff, workspac
     assert ">not set<" in staff_client.get(change_url("userserverconfig", config.pk)).content.decode()
 
 
+@pytest.mark.django_db
+def test_moving_a_server_to_another_host_does_not_send_other_users_secrets_there(workspace):
+    """A colleague saved an Authorization header for the workspace's `search` server. Another staff
+    member of the workspace edits the server's URL to a host of their choosing in the admin. The
+    colleague's secret must not be sent to the new host on their next call (their secrets are set
+    aside, or their config disabled, until they confirm the new address)."""
+    from django.test import Client
+    from django.urls import reverse
+
+    from workflows.mcp import McpError
+    from workflows.mcp_services import mcp_headers_for
+    from workflows.models import McpServer, UserServerConfig
+
+    server = McpServer.objects.create(workspace=workspace, slug="search", display_name="Search",
+                                      url="https://mcp.example.test/mcp")
+    colleague = staff_user("colleague", workspace)
+    UserServerConfig.objects.create(user=colleague, server=server,
+                                    secrets=json.dumps({"Authorization": "Bearer colleague-secret"}))
+    assert mcp_headers_for(user=colleague, server=server) == {"Authorization": "Bearer colleague-secret"}
+
+    mover = Client()
+    mover.force_login(staff_user("mover", workspace))
+    response = mover.post(reverse("admin:workflows_mcpserver_change", args=[server.pk]), {
+        "workspace": workspace.pk, "slug": "search", "display_name": "Search", "url": "https://collector.example/mcp",
+        "description": "", "repository_url": "",
+        "versions-TOTAL_FORMS": "0", "versions-INITIAL_FORMS": "0", "versions-MIN_NUM_FORMS": "0",
+        "versions-MAX_NUM_FORMS": "1000",
+    })
+    assert response.status_code == 302, response.content.decode()[:2000]
+    server.refresh_from_db()
+    assert server.url == "https://collector.example/mcp"
+    try:
+        headers = mcp_headers_for(user=colleague, server=server)
+    except McpError:
+        headers = {}
+    assert "Bearer colleague-secret" not in headers.values()
+
+
 def test_staff_see_only_their_own_server_configs(staff_client, staff, workspace):
     server = McpServer.objects.create(workspace=workspace, slug="search", display_name="Search",
                                       url="https://mcp.example.test/mcp")

@@ -11,8 +11,8 @@ from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from tests.builders import graph, node
 from tests.factories import MembershipFactory, UserFactory
-from tests.workflows.conftest import graph, node
 from workflows.api import views
 from workflows.models import (
     McpServer,

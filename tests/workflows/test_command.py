@@ -75,7 +75,7 @@ def test_unknown_references_are_clear_errors(workspace):
 
 @pytest.mark.django_db(transaction=True)
 def test_run_prints_each_node_then_the_output(workspace):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
     from workflows.services import workflow_create, workflow_version_create
 
     workflow = workflow_create(workspace=workspace, name="two steps")
@@ -91,7 +91,7 @@ def test_run_prints_each_node_then_the_output(workspace):
 
 @pytest.mark.django_db(transaction=True)
 def test_run_refuses_bad_input_and_a_version_that_cannot_run(workspace):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
     from workflows.services import workflow_create, workflow_version_create
 
     workflow = workflow_create(workspace=workspace, name="lacking")

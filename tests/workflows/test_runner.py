@@ -6,16 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from durable.inprocess import run_until_settled
 from durable.models import DurableRun, StepCheckpoint
-from tests.workflows.conftest import graph, node
+from tests.builders import graph, node
+from tests.workflows.invocations import WorkerDied, die_after, drive_through_crashes, nodes_of
+from workflows import execution
 from workflows.models import Message, NodeInvocation, WorkflowInvocation
-from workflows.services import InvocationRefused, invocation_decide, invocation_start
+from workflows.services import InvocationRefused, invocation_cancel, invocation_decide, invocation_start
 
 pytestmark = pytest.mark.django_db
-
-
-def nodes_of(invocation):
-    return list(NodeInvocation.objects.filter(workflow_invocation=invocation).order_by("seq"))
 
 
 def test_a_sequential_workflow_runs_each_node_in_order_and_records_everything(make_version, invoke):
@@ -101,6 +100,21 @@ def test_a_parallel_hand_off_fans_out_and_a_wait_for_node_joins_every_branch(mak
     assert invocation.output["node_id"] == "join"
 
 
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_a_node_never_answers_with_the_hand_off_header(make_version, invoke):
+    """The runner hands a node its predecessors' outputs as user messages headed `Output of <node>:`.
+    That label is framing, not evidence: when the first node has nothing to say (the offline
+    model's no-evidence answer), the next nodes answered `Output of a:` and then
+    `Output of b: Output of a:`, an answer an eval grades and the next node builds on. They must
+    answer as the first did (no evidence), never with the label."""
+    version = make_version(graph("a", node("a", handoffs=["b"]), node("b", handoffs=["c"]), node("c")))
+    invocation = invoke(version, {"text": "Will it rain tomorrow?"})
+    assert invocation.status == "completed", invocation.error
+    outputs = {n.node_id: n.output for n in nodes_of(invocation)}
+    assert not any("Output of" in text for text in outputs.values()), outputs
+
+
 def test_a_conditional_hand_off_follows_the_models_choice(make_version, invoke):
     version = make_version(graph(
         "router",
@@ -115,6 +129,27 @@ def test_a_conditional_hand_off_follows_the_models_choice(make_version, invoke):
     assert ran[0].next_nodes == ["weather"]
     route = Message.objects.filter(node_invocation=ran[0], role="assistant", payload__purpose="route").get()
     assert '"weather"' in route.payload["content"]
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_a_join_waiting_for_a_branch_the_router_did_not_take_is_not_silently_dropped(make_version, invoke):
+    """A conditional router takes one of two branches; both hand off to a join that waits for both.
+    The join can never fire. The invocation must not report `completed` with the branch's output as
+    if the graph had reached its end: either the join runs with what arrived, or the invocation
+    fails naming the join and the nodes it still waits for."""
+    version = make_version(graph(
+        "router",
+        node("router", handoffs=["billing", "weather"], kind="conditional"),
+        node("billing", description="invoices, payments, refunds and billing questions", handoffs=["join"]),
+        node("weather", description="weather forecasts, rain, temperature and storms", handoffs=["join"]),
+        node("join", wait_for=["billing", "weather"], handoffs=["end"], prompt="Write the final answer."),
+    ))
+    invocation = invoke(version, {"text": "Will there be rain and storms tomorrow?"})
+    ran = [n.node_id for n in nodes_of(invocation)]
+    assert ran[:2] == ["router", "weather"]
+    assert "join" in ran or (invocation.status == "failed" and "join" in invocation.error), \
+        (invocation.status, ran, invocation.output)
 
 
 def test_a_cycle_is_stopped_by_the_node_budget(make_version, invoke):
@@ -194,6 +229,28 @@ def test_a_node_takes_one_decision(make_version, settle, owner):
     assert settle(invocation).status == "completed"
 
 
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_an_approval_sent_around_invocation_decide_cannot_forge_the_approver(make_version, settle, owner, member,
+                                                                            api_as):
+    """`invocation_decide` records who decided. The same signal can be sent to the invocation's run
+    through /api/durable/runs/<id>/signal/ by any member, with any payload: the node must not record
+    (nor the rejection message name) an approver who never decided; only decisions registered by
+    invocation_decide count (a stray signal is ignored and the node keeps waiting)."""
+    version = make_version(graph("draft", node("draft", approval=True, handoffs=["publish"]), node("publish")))
+    invocation = settle(invocation_start(version=version, input={"text": "announce the release"}, user=member))
+    assert invocation.status == "waiting"
+    response = api_as(member).post(f"/api/durable/runs/{invocation.durable_run_id}/signal/", {
+        "name": "approval:1",
+        "payload": {"decision": "reject", "comment": "no", "by": owner.pk, "by_name": owner.username},
+    }, format="json")
+    assert response.status_code == 200, response.content
+    invocation = settle(invocation)
+    (draft,) = [n for n in nodes_of(invocation) if n.node_id == "draft"]
+    assert (draft.approval or {}).get("by") != owner.pk
+    assert owner.username not in invocation.error
+
+
 def test_identical_calls_are_answered_by_the_cache_the_second_time(make_version, invoke, settings):
     settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 1000}}
     version = make_version(graph("a", node("a", handoffs=["b"]), node("b")))
@@ -270,10 +327,6 @@ def test_a_large_tool_output_goes_to_the_context_store_and_the_node_sees_its_beg
     assert len(tool.payload["content"]) < len(stored)
 
 
-class WorkerDied(BaseException):
-    """The worker process dies here: no `except Exception` cleanup runs."""
-
-
 def test_a_context_blob_written_before_a_crash_is_overwritten_by_the_redo_never_orphaned(
         make_version, settings, tmp_path, monkeypatch):
     from workflows.execution import context_store
@@ -296,6 +349,27 @@ def test_a_context_blob_written_before_a_crash_is_overwritten_by_the_redo_never_
     assert entry.data.read().decode() == "again " * 100 and entry.summary.startswith("again")
     other = context_store(invocation.pk, None, key="node 1 0.0", data="other " * 100)  # a key cleaned alike
     assert other.data.name != entry.data.name and len([p for p in tmp_path.rglob("*") if p.is_file()]) == 2
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_a_model_call_repeated_after_a_crash_is_not_recorded_as_a_free_cache_hit(
+        make_version, invoke, settle, settings, monkeypatch):
+    """The worker dies after a model call was paid (and stored in the LLM cache) and before its
+    checkpoint. The redo finds the answer in the cache; the invocation must still count the call
+    it paid for: its cost and tokens are those of an uncrashed run, and no cache hit is claimed."""
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 2000}}
+    version = make_version(graph("a", node("a", prompt="Answer briefly.")))
+    settings.LLM_CACHE_ENABLED = False
+    baseline = invoke(version, {"text": "what does a crash cost?"})
+    assert baseline.status == "completed" and baseline.usd_cost > 0
+
+    settings.LLM_CACHE_ENABLED = True
+    deaths = die_after(monkeypatch, "llm_call")
+    invocation = drive_through_crashes(invocation_start(version=version, input={"text": "what does a crash cost?"}))
+    assert deaths and invocation.status == "completed", invocation.error
+    assert invocation.cache_hits == 0
+    assert (invocation.usd_cost, invocation.input_tokens) == (baseline.usd_cost, baseline.input_tokens)
 
 
 def test_a_skill_the_task_matches_is_included_in_the_prompt_and_others_are_offered(make_version, invoke, workspace):
@@ -339,6 +413,31 @@ def test_cancelling_an_invocation_cancels_its_run_and_ends_its_waiting_node(make
     assert DurableRun.objects.get(pk=invocation.durable_run_id).status == "cancelled"
     assert [n.status for n in nodes_of(invocation)] == ["failed"]
     assert invocation_cancel(invocation=invocation) is False
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_a_cancel_that_lands_during_a_model_call_leaves_no_node_waiting(make_version, monkeypatch):
+    """An operator cancels while a worker waits for a node's model call. The turn goes on with its
+    plain (unfenced) steps until the lease keeper notices (up to a third of DURABLE_LEASE_SECONDS)
+    or a fenced write is refused: here the node's approval step marks it waiting after the cancel
+    already ended it. The cancelled invocation must not show a node invocation that is running or
+    waiting (nothing will ever end it, and its approve button answers 409)."""
+    version = make_version(graph("a", node("a", handoffs=["b"]), node("b", approval=True)))
+    real = execution.llm_call
+
+    def llm_call(workspace_id, invocation_id, node_pk, node_seq, *rest):
+        if node_seq == 2:  # the cancel arrives while the second node's model call is in flight
+            invocation_cancel(invocation=WorkflowInvocation.objects.get(pk=invocation_id), reason="stop")
+        return real(workspace_id, invocation_id, node_pk, node_seq, *rest)
+
+    monkeypatch.setattr(execution, "llm_call", llm_call)
+    invocation = invocation_start(version=version, input={"text": "x"})
+    run_until_settled(invocation.durable_run_id, max_wait=30)
+    invocation.refresh_from_db()
+    assert invocation.status == "cancelled"
+    assert DurableRun.objects.get(pk=invocation.durable_run_id).status == "cancelled"
+    assert [(n.node_id, n.status) for n in nodes_of(invocation) if n.status in ("running", "waiting")] == []
 
 
 @pytest.mark.django_db(transaction=True)

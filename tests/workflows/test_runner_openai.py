@@ -1,5 +1,5 @@
 """The runner with the OpenAI provider: the real `openai` client over HTTP to a local
-OpenAI-compatible server (tests/llm/conftest.py), in-process and on real Celery workers."""
+OpenAI-compatible server (tests/openai_server.py), in-process and on real Celery workers."""
 
 import json
 import os
@@ -16,10 +16,12 @@ from django.urls import reverse
 
 from config.supervisor import stop_process_groups
 from durable import tick
-from durable.models import StepCheckpoint
+from durable.inprocess import run_until_settled
+from durable.models import DurableRun, StepCheckpoint
 from llm.prices import cost_usd
-from tests.llm.conftest import FakeOpenAIChat, peak_overlap
-from tests.workflows.conftest import graph, node
+from tests.builders import graph, node
+from tests.openai_server import FakeOpenAIChat, peak_overlap
+from tests.workflows.invocations import die_after, drive_through_crashes, nodes_of
 from tests.workflows.workers import (
     drive_until_ended,
     kill_mid_call_and_finish,
@@ -27,7 +29,8 @@ from tests.workflows.workers import (
     split_workers_running,
     worker,
 )
-from workflows.models import Message, NodeInvocation
+from workflows import execution
+from workflows.models import ContextEntry, Message, NodeInvocation
 from workflows.services import invocation_start
 
 
@@ -39,6 +42,15 @@ def chat_server(settings):
         settings.OPENAI_BASE_URL = server.url("/v1")
         settings.LLM_MAX_RETRIES = 0
         yield server
+
+
+@pytest.fixture
+def skills(workspace):
+    from tests.factories import SkillFactory
+
+    return [SkillFactory(workspace=workspace, name=name, description=f"The {name} skill.",
+                         content_md=f"Body of the {name} skill. " * 20, triggers=[])
+            for name in ("alpha", "beta")]
 
 
 @pytest.mark.django_db
@@ -74,6 +86,71 @@ def test_a_node_calls_a_tool_through_the_openai_client_and_answers_from_its_resu
     assert roles == ["data", "system", "user", "assistant", "tool", "assistant", "result"]
 
 
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_tool_call_ids_reused_across_rounds_keep_their_own_large_outputs(
+        chat_server, make_version, invoke, skills, settings):
+    """Several OpenAI-compatible servers (Ollama, some vLLM builds) number tool call ids per answer
+    (`call_0` in every round). Each call's large output must be stored and shown for that call: the
+    second round's `call_0` reads the beta skill, not the alpha skill stored by the first round."""
+    settings.WORKFLOW_CONTEXT_INLINE_CHARS = 50
+    chat_server.chat_replies = [
+        {"tool_calls": [("call_0", "skill_load", {"name": "alpha"})]},
+        {"tool_calls": [("call_0", "skill_load", {"name": "beta"})]},
+        {"content": "done"},
+    ]
+    version = make_version(graph("a", node("a", prompt="Load the skills you need.", tools=["skill_load"])))
+    invocation = invoke(version, {"text": "x"})
+    assert invocation.status == "completed", invocation.error
+    tool_messages = list(Message.objects.filter(workflow_invocation=invocation, role="tool").order_by("seq"))
+    assert len(tool_messages) == 2
+    assert "alpha" in tool_messages[0].payload["content"]
+    assert "beta" in tool_messages[1].payload["content"], tool_messages[1].payload["content"][:200]
+    assert ContextEntry.objects.filter(workflow_invocation=invocation).count() == 2
+    third_request = chat_server.chat_payloads[2]["messages"]
+    assert "Body of the beta skill" in third_request[-1]["content"]
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_a_tool_call_id_with_path_characters_does_not_fail_the_invocation(
+        chat_server, make_version, invoke, skills, settings):
+    """A model's tool call id is an opaque string. One such as `../../x` must not become part of a
+    storage path (it raises SuspiciousFileOperation and fails the whole invocation); the large
+    output is stored and the node answers."""
+    settings.WORKFLOW_CONTEXT_INLINE_CHARS = 50
+    chat_server.chat_replies = [{"tool_calls": [("../../x", "skill_load", {"name": "alpha"})]}, {"content": "done"}]
+    version = make_version(graph("a", node("a", prompt="Load the skills you need.", tools=["skill_load"])))
+    invocation = invoke(version, {"text": "x"})
+    assert invocation.status == "completed", invocation.error
+    assert ContextEntry.objects.filter(workflow_invocation=invocation).count() == 1
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_an_answer_with_more_tool_calls_than_a_node_can_record_runs_none_of_them(
+        chat_server, make_version, invoke, skills, monkeypatch):
+    """A node invocation holds at most MESSAGES_PER_NODE messages (10,000). A model that answers with
+    more tool calls than can be recorded (a loop, a hostile or broken model) must not have them
+    executed one by one (each an MCP call with the user's secrets, paid outside work) only to fail
+    at the limit: the answer is refused before any call runs. The limit is lowered here to keep
+    the test small; the runner's arithmetic is the same at 10,000."""
+    monkeypatch.setattr(execution, "MESSAGES_PER_NODE", 40)
+    ran = []
+    real = execution.tool_run
+
+    def counting(binding, arguments, **kwargs):
+        ran.append(arguments)
+        return real(binding, arguments, **kwargs)
+
+    monkeypatch.setattr(execution, "tool_run", counting)
+    chat_server.chat_replies = [{"tool_calls": [(f"call_{i}", "skill_load", {"name": "alpha"}) for i in range(60)]}]
+    version = make_version(graph("a", node("a", prompt="Load the skills you need.", tools=["skill_load"])))
+    invocation = invoke(version, {"text": "x"})
+    assert invocation.status == "failed"
+    assert ran == [], f"{len(ran)} tool calls ran before the node failed with: {invocation.error}"
+
+
 @pytest.mark.django_db
 def test_a_routing_choice_outside_the_hand_offs_fails_the_node_with_that_error(chat_server, make_version, invoke):
     chat_server.chat_replies = [{"content": "triaged"}, {"content": json.dumps({"next": "nowhere", "reason": "?"})}]
@@ -98,6 +175,46 @@ def test_a_provider_error_is_recorded_on_the_node_and_the_invocation(chat_server
     assert ran.status == "failed" and "does not exist" in ran.error
 
 
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_retrying_the_run_of_a_failed_invocation_keeps_run_and_invocation_in_step(chat_server, make_version):
+    """The durable API and admin offer `retry` (without new input) on any failed run, so on an
+    invocation's run too. Either the retry is refused for a run whose invocation has ended, or the
+    invocation follows its run: never a completed run under a failed invocation whose nodes
+    say completed."""
+    from durable.services import run_retry
+
+    chat_server.chat_replies = [(500, {"Content-Type": "application/json"},
+                                 json.dumps({"error": {"message": "upstream hiccup"}}))]
+    version = make_version(graph("a", node("a")))
+    invocation = invocation_start(version=version, input={"text": "x"})
+    run_until_settled(invocation.durable_run_id, max_wait=30)
+    invocation.refresh_from_db()
+    assert invocation.status == "failed" and "upstream hiccup" in invocation.error
+
+    run_retry(run_id=invocation.durable_run_id)
+    run_until_settled(invocation.durable_run_id, max_wait=30)
+    invocation.refresh_from_db()
+    run = DurableRun.objects.get(pk=invocation.durable_run_id)
+    assert run.status == invocation.status, (run.status, invocation.status, [n.status for n in nodes_of(invocation)])
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.parametrize("garbage", ["\u0000", "\ud800"], ids=["nul", "lone-surrogate"])
+@pytest.mark.django_db(transaction=True)
+def test_a_model_answer_with_characters_postgres_refuses_does_not_fail_the_invocation(
+        chat_server, make_version, invoke, garbage):
+    """Models do emit U+0000 and unpaired surrogates (echoing binary tool output, broken decoding).
+    Postgres text and jsonb cannot store either, so the runner must drop or replace them before
+    writing the transcript, the cache and the node's output: the invocation completes with the rest
+    of the answer (the call was paid; failing the invocation on it throws the answer away)."""
+    chat_server.chat_replies = [{"content": f"Paris{garbage} is the capital."}]
+    version = make_version(graph("a", node("a", prompt="Answer.")))
+    invocation = invoke(version, {"text": "capital of France?"})
+    assert invocation.status == "completed", invocation.error
+    assert "Paris" in invocation.output["text"] and garbage not in invocation.output["text"]
+
+
 @pytest.mark.django_db
 def test_a_usd_budget_binds_on_queued_model_calls(chat_server, make_version, invoke):
     """Model calls to a real provider are queued steps; the budget checked around each still binds:
@@ -110,6 +227,27 @@ def test_a_usd_budget_binds_on_queued_model_calls(chat_server, make_version, inv
     assert len(chat_server.chat_payloads) == 1
     (call,) = StepCheckpoint.objects.filter(run_id=invocation.durable_run_id, name__contains=":llm:")
     assert call.queue == "llm"
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_a_parallel_fan_cannot_spend_a_multiple_of_the_usd_budget(chat_server, make_version, invoke, settings):
+    """$1 a model call, a $10 budget. The split node spends $1; four branches then each start with
+    $9 left and make their five calls ($5 each), all under the limit as each sees it: the invocation
+    spends $21 before the join notices. However a fix shares the remainder (split it between the
+    branches, or check a shared total), the invocation may overshoot its budget by at most one call
+    per branch, never by a multiple of it."""
+    settings.LLM_PRICES = {"gpt-4.1-mini": {"input": 1_000_000, "output": 0}}
+    settings.LLM_CACHE_ENABLED = False
+    chat_server.chat_replies = [{"tool_calls": [("c", "nope", {})],
+                                 "usage": {"prompt_tokens": 1, "completion_tokens": 0}}] * 40
+    branches = [f"b{i}" for i in range(4)]
+    version = make_version(graph(
+        "split", node("split", handoffs=branches, kind="parallel", max_steps=1),
+        *[node(name, prompt=f"Branch {name}.", tools=["skill_load"], max_steps=5) for name in branches]))
+    invocation = invoke(version, {"text": "a question"}, usd_budget="10")
+    assert invocation.status == "failed" and "USD budget exceeded" in invocation.error
+    assert invocation.usd_cost <= Decimal(10) + len(branches), invocation.usd_cost
 
 
 @pytest.mark.django_db(transaction=True)
@@ -136,6 +274,47 @@ def test_a_cancelled_invocation_makes_no_new_model_call(chat_server, make_versio
     invocation.refresh_from_db()
     assert invocation.status == "cancelled"
     assert [body["messages"][0]["content"] for body in chat_server.chat_payloads] == ["First node."]
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_after_a_crash_the_recorded_answer_is_the_answer_the_node_used(
+        chat_server, make_version, settings, monkeypatch):
+    """A model call whose worker died before its checkpoint is made again and may answer
+    differently. The assistant message the invocation shows must be the answer the node went on
+    with (ideally the recorded one is reused, which also avoids paying twice)."""
+    settings.LLM_CACHE_ENABLED = False
+    chat_server.chat_replies = [{"content": "first answer"}, {"content": "second answer"}]
+    version = make_version(graph("a", node("a", prompt="Answer.")))
+    die_after(monkeypatch, "llm_call")
+    invocation = drive_through_crashes(invocation_start(version=version, input={"text": "which answer?"}))
+    assert invocation.status == "completed", invocation.error
+    (ran,) = nodes_of(invocation)
+    shown = Message.objects.get(node_invocation=ran, role="assistant").payload["content"]
+    assert shown == ran.output == invocation.output["text"]
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_a_tool_call_recorded_before_a_crash_is_not_run_again(chat_server, make_version, skills, monkeypatch):
+    """The worker dies after a tool call ran and its result message was written, before the step's
+    checkpoint. The transcript already holds the result at that message seq; the redo must answer
+    from it rather than run the tool again (an MCP tool that files a ticket or sends a mail would
+    do it twice), and the node must read the result the transcript shows."""
+    ran = []
+    real = execution.tool_run
+
+    def counting(binding, arguments, **kwargs):
+        ran.append(arguments)
+        return real(binding, arguments, **kwargs)
+
+    monkeypatch.setattr(execution, "tool_run", counting)
+    die_after(monkeypatch, "tool_call")
+    chat_server.chat_replies = [{"tool_calls": [("call_1", "skill_load", {"name": "alpha"})]}, {"content": "done"}]
+    version = make_version(graph("a", node("a", prompt="Load the skills you need.", tools=["skill_load"])))
+    invocation = drive_through_crashes(invocation_start(version=version, input={"text": "x"}))
+    assert invocation.status == "completed", invocation.error
+    assert len(ran) == 1, f"the tool ran {len(ran)} times"
 
 
 # ------------------------------------------------------------------------------ a worker killed mid-call

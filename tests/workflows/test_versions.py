@@ -174,7 +174,7 @@ def test_ancestors_and_descendants_in_one_query_each_through_both_parents(worksp
 
 @pytest.mark.django_db
 def test_hand_offs_in_another_order_are_another_version_that_answers_from_its_own_last_node(workflow, invoke):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     def ordered(*targets):
         return graph("a", node("a", prompt="Route the question.", handoffs=targets),
@@ -198,7 +198,7 @@ def test_versions_hashed_before_hand_off_order_counted_are_found_again_after_the
 
     from django.apps import apps
 
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
 
     migration = importlib.import_module("workflows.migrations.0004_dsl_hash_keeps_handoff_order")
     document = graph("a", node("a", handoffs=["c", "b"]), node("b", handoffs=["end"]), node("c", handoffs=["end"]))
@@ -251,7 +251,7 @@ def test_the_backfill_gives_versions_activated_before_the_history_their_order_of
 
 @pytest.mark.django_db
 def test_the_diff_of_two_versions_names_a_change_of_hand_off_order_and_not_of_tool_order(workflow):
-    from tests.workflows.conftest import graph, node
+    from tests.builders import graph, node
     from workflows.selectors import version_diff
 
     def ordered(targets, tools):

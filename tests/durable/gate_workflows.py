@@ -1,4 +1,4 @@
-"""Workflows for the adversarial review of the history fence (tests/durable/test_engine_fence_review.py).
+"""Workflows whose turn stalls at a gate, for the history fence tests (tests/durable/test_engine_crash_windows.py).
 
 `gate(key)` blocks the first call made with an armed key until the test releases it: it stands for a
 turn that stalls (a long step, a paused process) while the run is cancelled, retried or recovered."""
@@ -39,18 +39,18 @@ def create_workspace(key, name):
     return name
 
 
-@workflow("fence_review.signal_after_gate")
+@workflow("tests.gate.signal_after_gate")
 def signal_after_gate(ctx, input):
     ctx.step("gate", gate, input["gate"])
     return ctx.wait_for_signal("go")
 
 
-@workflow("fence_review.transaction_gate")
+@workflow("tests.gate.transaction_gate")
 def transaction_gate(ctx, input):
     return ctx.transaction("tx", create_workspace, input["gate"], input["name"])
 
 
-@workflow("fence_review.attributes_by_input")
+@workflow("tests.gate.attributes_by_input")
 def attributes_by_input(ctx, input):
     if input["phase"] == "old":
         ctx.step("first", ok, 1)
@@ -59,13 +59,13 @@ def attributes_by_input(ctx, input):
     return input["phase"]
 
 
-@workflow("fence_review.event_after_gate")
+@workflow("tests.gate.event_after_gate")
 def event_after_gate(ctx, input):
     ctx.step("gate", gate, input["gate"])
     return ctx.wait_for_event(input["event"])
 
 
-@workflow("fence_review.event_waiter")
+@workflow("tests.gate.event_waiter")
 def event_waiter(ctx, input):
     return ctx.wait_for_event(input["event"])
 
@@ -87,6 +87,6 @@ def fan_items(input):
     return [Step("a", flaky, (input["key"],)), Step("b", ok, (2,))]
 
 
-@workflow("fence_review.fail_fast_fan")
+@workflow("tests.gate.fail_fast_fan")
 def fail_fast_fan(ctx, input):
     return ctx.all(fan_items(input), mode="fail_fast")

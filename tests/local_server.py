@@ -1,15 +1,11 @@
-"""Small HTTP servers on loopback for the tests: a page server (for URL sources) and an
-OpenAI-compatible embeddings server (for the real `openai` client)."""
+"""A small HTTP server on loopback for the tests: pages for URL sources, and the base of the OpenAI-compatible
+server (tests/openai_server.py)."""
 
 from __future__ import annotations
 
-import base64
-import json
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-import numpy as np
 
 
 class _Server(ThreadingHTTPServer):
@@ -68,37 +64,3 @@ class LocalServer:
     def __exit__(self, *exc):
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-class FakeOpenAI(LocalServer):
-    """Answers POST /v1/embeddings like OpenAI: deterministic vectors of the requested width, usage,
-    float or base64 encoding. `failures` is a list of (status, headers, body) answered first."""
-
-    def __init__(self, *, dimensions: int = 384, native_dimensions: int | None = None):
-        super().__init__("127.0.0.1", {"/v1/embeddings": self._embeddings})
-        self.dimensions = dimensions
-        self.native_dimensions = native_dimensions  # a model that ignores `dimensions`
-        self.failures: list[tuple] = []
-        self.payloads: list[dict] = []
-
-    def _embeddings(self, handler, body: bytes):
-        if self.failures:
-            return self.failures.pop(0)
-        payload = json.loads(body)
-        self.payloads.append(payload)
-        texts = payload["input"] if isinstance(payload["input"], list) else [payload["input"]]
-        width = self.native_dimensions or payload.get("dimensions") or self.dimensions
-        data = []
-        for index, text in enumerate(texts):
-            rng = np.random.default_rng(abs(hash(text)) % (2**32))
-            vector = rng.standard_normal(width).astype(np.float32)
-            vector /= np.linalg.norm(vector)
-            if payload.get("encoding_format") == "base64":
-                embedding = base64.b64encode(vector.tobytes()).decode()
-            else:
-                embedding = [float(x) for x in vector]
-            data.append({"object": "embedding", "index": index, "embedding": embedding})
-        tokens = sum(len(t.split()) for t in texts)
-        answer = {"object": "list", "data": data, "model": payload["model"],
-                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        return 200, {"Content-Type": "application/json"}, json.dumps(answer)
