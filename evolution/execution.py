@@ -476,6 +476,8 @@ def record_generation(run_id: int, number: int, members: list[dict], stats: dict
 
 def _trace_generation(run_id: int, number: int, stats: dict, started: datetime) -> None:
     """A generation's span, as its row is written (its evaluations' eval runs ran in the same trace)."""
+    if not telemetry.tracing():
+        return
     attributes = {"lineage.evolution_run.id": run_id, "lineage.generation.number": number,
                   "lineage.generation.members": stats.get("members", 0),
                   "lineage.evaluations": stats.get("run_evaluations", 0),

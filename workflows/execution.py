@@ -264,6 +264,8 @@ def node_finish(invocation_id: int, seq: int, fields: dict, node_pk: int | None 
 
 def _trace_node(invocation_id: int, seq: int, node_id: str, started_at: datetime, fields: dict) -> None:
     """The node's ``invoke_agent`` span, recorded once as it ends, the parent of its model and tool calls."""
+    if not telemetry.tracing():  # every node's end passes here: nothing to build with tracing off
+        return
     status = fields.get("status", "")
     attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": node_id,
                   "gen_ai.conversation.id": str(invocation_id), "lineage.node.seq": seq, "lineage.node.status": status}
