@@ -27,7 +27,7 @@ class LinkedBrowsableAPIRenderer(BrowsableAPIRenderer):
 def admin_link(model, pk=None) -> str | None:
     """The admin's change page of row `pk` of `model` (its list without `pk`), or None when the admin has no
     page for the model (the browsable API links to it)."""
-    if model not in admin.site._registry:
+    if not admin.site.is_registered(model):
         return None
     name = f"admin:{model._meta.app_label}_{model._meta.model_name}_{'change' if pk is not None else 'changelist'}"
     try:
