@@ -148,7 +148,8 @@ class EvalRun(RunOwner):
     judge_usd = models.DecimalField(max_digits=18, decimal_places=10, default=0)
     latency_p50_ms = models.FloatField(null=True, blank=True)
     latency_p95_ms = models.FloatField(null=True, blank=True)
-    fitness = models.FloatField(null=True, blank=True, help_text="REFERENCE.md fitness, 0-100.")
+    fitness = models.FloatField(null=True, blank=True,
+                                help_text="0-100: the average score weighed with time and cost (docs/fitness.md).")
     # a scheduled re-evaluation that dropped significantly below the previous run of the same version
     regression = models.JSONField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
