@@ -249,6 +249,60 @@ def rollouts_to_reach(result: dict, lift: float | None) -> int | None:
     return None
 
 
+def score_run_bests_on_test(result: dict, golden_set) -> None:
+    """After the run, and read by nothing in it: each generation's run best scored on the test split (an eval
+    run of its own, reusing results of the same version on the same item), so the comparison can tell when a
+    mode first held a version that does as well on held-out items as GP's best. Sets "run_best_test" on each
+    generation (None without a held-out claim)."""
+    from durable.inprocess import run_until_settled
+    from durable.services import run_start
+    from evals.durable_workflows import EVAL_WORKFLOW
+    from evals.selectors import split_items
+    from evals.services import eval_run_prepare
+    from workflows.models import WorkflowVersion
+
+    test_ids = split_items(golden_set)["test"] if result["held_out"] else []
+    fitness: dict[int, float | None] = {}
+    for generation in result["generations"]:
+        version_id = generation["run_best_version_id"]
+        if test_ids and version_id is not None and version_id not in fitness:
+            eval_run = eval_run_prepare(golden_set=golden_set, version=WorkflowVersion.objects.get(pk=version_id),
+                                        item_ids=test_ids)
+            durable = run_start(workflow=EVAL_WORKFLOW, input={"eval_run_id": eval_run.pk},
+                                run_id=f"eval-{eval_run.pk}", namespace=golden_set.workspace.namespace,
+                                tags=["eval", "bench:test-split"])
+            eval_run.durable_run_id = durable.pk
+            eval_run.save(update_fields=["durable_run", "updated_at"])
+            run_until_settled(durable.pk, max_wait=600.0, max_iterations=1_000_000)
+            eval_run.refresh_from_db()
+            fitness[version_id] = eval_run.fitness
+        generation["run_best_test"] = fitness.get(version_id)
+
+
+def _reach_on_test(result: dict, wanted: float) -> int | None:
+    """The run's cumulative rollouts at the first generation whose run best scores `wanted` on test."""
+    return next((g["run_rollouts"] for g in result["generations"]
+                 if g.get("run_best_test") is not None and g["run_best_test"] >= wanted - 1e-6), None)
+
+
+def compare_on_test(gp: dict, reflective: dict) -> dict:
+    """Reflective against GP on the held-out items: the rollouts reflective spent until its run best did as well
+    on the test split as GP's best (the same lift over its base), against the rollouts GP spent until its own
+    run best did. The headline comparison when both runs carry a held-out claim."""
+    gp_lift = gp["test_lift"]
+    if not (gp["held_out"] and reflective["held_out"]) or gp_lift is None or gp_lift <= 0:
+        note = "no held-out claim" if not gp["held_out"] else "GP did not lift the test score: nothing to reach"
+        return {"gp_test_lift": gp_lift, "met": False, "share_of_gp_rollouts": None, "note": note}
+    gp_needed = _reach_on_test(gp, gp["report"]["best"]["test"])
+    base_test = reflective["report"]["base"]["test"]
+    needed = _reach_on_test(reflective, base_test * (1 + gp_lift)) if base_test else None
+    share = round(needed / gp_needed, 4) if needed is not None and gp_needed else None
+    return {"gp_test_lift": gp_lift, "gp_rollouts_to_test_lift": gp_needed,
+            "reflective_test_lift": reflective["test_lift"], "reflective_rollouts_to_gp_test_lift": needed,
+            "share_of_gp_rollouts": share,
+            "met": share is not None and share <= TARGET_ROLLOUT_SHARE + 1e-9, "note": ""}
+
+
 def compare(gp: dict, reflective: dict) -> dict:
     """Reflective against GP on one agent: the rollouts reflective spent to reach GP's lift, against the
     rollouts GP spent to reach it (its best)."""
@@ -396,10 +450,13 @@ def targets_of(results: dict) -> dict:
             targets[f"gp_lift:{agent}"] = {
                 "target": f"GP lift on {agent} ({where}) >= +{TARGET_LIFT:.0%}", "measured": _pct(lift), "unit": "%",
                 "met": lift is not None and lift >= TARGET_LIFT}
-        comparison = modes.get("comparison")
+        # on the test split when both runs hold a held-out claim (the issue's reading), else on the searched set
+        held = modes.get("test_comparison")
+        comparison, where = (held, "test lift") if held and held.get("note") != "no held-out claim" \
+            else (modes.get("comparison"), "lift on the searched set")
         if comparison:
             targets[f"reflective_rollouts:{agent}"] = {
-                "target": f"reflective reaches GP's lift on {agent} with <= 1/3 of GP's rollouts",
+                "target": f"reflective reaches GP's {where} on {agent} with <= 1/3 of GP's rollouts",
                 "measured": comparison["share_of_gp_rollouts"], "unit": "of GP's rollouts", "met": comparison["met"]}
     tree = results.get("genealogy") or {}
     for shape, lineage in tree.get("lineages", {}).items():
@@ -486,6 +543,17 @@ def report(results: dict) -> None:
         print("  (rollouts are cumulative at the end of the generation where the fitness was first reached, as "
               "Generation.stats records them; the last three columns count up to the eval run that reached it, "
               "in the order the eval runs were created)")
+    held = [[agent, _pct(c["gp_test_lift"]), c.get("gp_rollouts_to_test_lift"), _pct(c.get("reflective_test_lift")),
+             c.get("reflective_rollouts_to_gp_test_lift"), c["share_of_gp_rollouts"], common.verdict(c["met"]),
+             c["note"] or "-"]
+            for agent, modes in results["agents"].items() if (c := modes.get("test_comparison"))]
+    if held:
+        common.print_table("reflective vs GP on held-out items: rollouts until the run best did as well on the test "
+                           "split as GP's best (target: <= 1/3 of GP's rollouts until its run best did)",
+                           ["agent", "GP test lift %", "GP rollouts to it", "reflective test lift %",
+                            "reflective rollouts to GP's test lift", "share of GP's", "verdict", "note"], held)
+        print("  (each generation's run best is scored on the test split after the run, by the benchmark: nothing in "
+              "the search reads it; rollouts are the run's own, cumulative at the end of that generation)")
     tree = results.get("genealogy")
     if tree:
         common.print_table(
@@ -533,8 +601,10 @@ def measure(prepared: dict, *, agents, generations: int, population: int, seed: 
             run = modes[mode]
             common.say(f"{agent}: {mode} {run['status']} in {run['wall_s']} s: base {run['base_fitness']}, "
                        f"best {run['best_fitness']}, {run['rollouts']} rollouts")
+            score_run_bests_on_test(run, entry["golden_set"])
         if "gp" in modes and "reflective" in modes:
             modes["comparison"] = compare(modes["gp"], modes["reflective"])
+            modes["test_comparison"] = compare_on_test(modes["gp"], modes["reflective"])
     if depth:
         common.say(f"genealogy: building a lineage of depth {depth:,}")
         results["genealogy"] = genealogy(prepared[next(iter(prepared))]["workspace"], depth=depth, repeats=repeats)

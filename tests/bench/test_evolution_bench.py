@@ -19,7 +19,8 @@ RUN_FIELDS = {"run_id", "mode", "status", "error", "stop_reason", "base_version_
 REPORT_FIELDS = {"held_out", "reason", "splits", "base", "best", "test_lift", "test_lift_low", "test_lift_high",
                  "test_items", "verdict", "p_value", "train_test_gap", "test_error"}
 GENERATION_FIELDS = {"number", "members", "best", "avg", "worst", "best_version_id", "run_best",
-                     "run_best_version_id", "evaluations", "rollouts", "cache_hits", "run_rollouts", "wall_s"}
+                     "run_best_version_id", "evaluations", "rollouts", "cache_hits", "run_rollouts", "wall_s",
+                     "run_best_test"}
 QUERY_FIELDS = {"n", "median_ms", "p95_ms", "min_ms", "max_ms", "rows", "max_depth", "paths_walked", "met",
                 "explain"}
 
@@ -61,6 +62,12 @@ def test_the_evolution_benchmark_runs_at_a_tiny_size_and_reports_every_field(set
     comparison = runs["comparison"]
     assert set(comparison) >= {"gp_lift", "gp_rollouts_to_best", "reflective_lift", "reflective_rollouts_to_gp_lift",
                                "share_of_gp_rollouts", "met", "by_eval_run"}
+    # the headline: on the test split, each generation's run best scored there after the run
+    on_test = runs["test_comparison"]
+    assert set(on_test) >= {"gp_test_lift", "share_of_gp_rollouts", "met", "note"}
+    if on_test["note"] == "":
+        assert on_test["gp_rollouts_to_test_lift"] is not None
+    assert "test lift" in results["targets"][f"reflective_rollouts:{AGENT}"]["target"]
 
     lineages = results["genealogy"]["lineages"]
     assert set(lineages) == {"linear", "crossovers"}
@@ -84,6 +91,6 @@ def test_the_evolution_benchmark_runs_at_a_tiny_size_and_reports_every_field(set
 
     bench_evolution.report({**results, "setup": setup})
     out = capsys.readouterr().out
-    for title in ("setup:", f"{AGENT}, gp:", f"{AGENT}, reflective:", "runs:", "reflective vs GP", "genealogy:",
-                  "targets"):
+    for title in ("setup:", f"{AGENT}, gp:", f"{AGENT}, reflective:", "runs:", "reflective vs GP",
+                  "reflective vs GP on held-out items", "genealogy:", "targets"):
         assert title in out
