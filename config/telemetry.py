@@ -433,6 +433,7 @@ class _Call:
 
     def __init__(self, span, attributes: dict):
         self.span, self.attributes, self.outcome = span, attributes, "error"
+        self.error_type = ""
 
     def answered(self, response) -> None:
         """Record the answer: the model that gave it, tokens, finish reason, USD and, when asked, content."""
@@ -451,8 +452,9 @@ class _Call:
             meters.token_usage.record(count, {**self.attributes, "gen_ai.token.type": kind})
         meters.cost.add(float(usage.usd_cost), self._model_attributes())
 
-    def throttled(self, kind: str, reason: str) -> None:
-        self.outcome = "throttled"
+    def throttled(self, kind: str, reason: str, *, error_type: str) -> None:
+        """The provider refused the call (a 429, a 5xx) and it is put off: its span keeps the error."""
+        self.outcome, self.error_type = "throttled", error_type
         self.span.set_attributes({"lineage.llm.put_off": kind, "lineage.llm.put_off_reason": reason[:500]})
         llm_throttled(provider=self.attributes["gen_ai.provider.name"], model=self.attributes["gen_ai.request.model"],
                       kind=kind)
@@ -481,14 +483,22 @@ def chat_span(request, *, provider: str, model: str) -> Iterator[_Call]:
         try:
             yield call
         except Exception as exc:
-            if call.outcome != "throttled":
-                attributes["error.type"] = type(exc).__name__
-                span.set_attribute("error.type", type(exc).__name__)
+            attributes["error.type"] = call.error_type or type(exc).__name__
+            span.set_attribute("error.type", attributes["error.type"])
             raise
         finally:
             meters.in_flight.add(-1, call._model_attributes())
             meters.duration.record(time.perf_counter() - started, attributes)
             meters.calls.add(1, {**call._model_attributes(), "lineage.llm.outcome": call.outcome})
+
+
+def llm_put_off(*, provider: str, model: str, reason: str) -> None:
+    """A call a provider limit of this install put off before it was sent: not a call of the provider's, so
+    no ``chat`` span, only an event on the current span (when it is a recording one) and the throttled count."""
+    trace.get_current_span().add_event("lineage.llm.put_off", {
+        "gen_ai.provider.name": provider, "gen_ai.request.model": model, "lineage.llm.put_off": "limit",
+        "reason": reason[:500]})
+    llm_throttled(provider=provider, model=model, kind="limit")
 
 
 def llm_throttled(*, provider: str, model: str, kind: str) -> None:

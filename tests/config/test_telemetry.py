@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -195,6 +196,59 @@ def test_a_model_call_that_fails_sets_its_spans_status(spans, make_version, invo
     assert chat.attributes["error.type"] == "ChatError" and "this model does not exist" in chat.status.description
     (step,) = named(spans, "durable.step")
     assert step.attributes["durable.step.status"] == "failed" and step.status.status_code == trace.StatusCode.ERROR
+
+
+def test_a_call_a_provider_limit_puts_off_before_sending_has_no_chat_span(spans, settings):
+    from llm import limits
+    from llm.chat import PutOff, chat
+    from llm.errors import CallPutOff
+    from llm.types import ChatRequest
+
+    name = f"p{uuid.uuid4().hex[:10]}"
+    settings.LLM_PROVIDER = "openai"
+    settings.LLM_PROVIDERS = {name: {"base_url": "http://127.0.0.1:9/v1", "requests_per_minute": 1}}
+    assert limits.admit(name, "m").admitted  # the minute's one start is taken
+    reader = InMemoryMetricReader()
+    previous = telemetry.install(tracer_provider=telemetry._state.tracer_provider,
+                                 meter_provider=telemetry.build_meter_provider(metric_reader=reader))
+    try:
+        with telemetry.tracer().start_as_current_span("a judge's step"), pytest.raises(CallPutOff):
+            chat(ChatRequest(model=f"{name}#m", messages=[{"role": "user", "content": "hi"}]), put_off=PutOff("x"))
+        points = _points(reader)
+    finally:
+        telemetry.restore(previous)
+    assert named(spans, "chat ") == []  # the provider was never asked
+    (step,) = named(spans, "a judge's step")
+    (event,) = step.events
+    assert event.name == "lineage.llm.put_off" and event.attributes["lineage.llm.put_off"] == "limit"
+    assert event.attributes["gen_ai.request.model"] == "m" and "rate limited by" in event.attributes["reason"]
+    (throttled,) = points["lineage.llm.throttled"]
+    assert throttled.value == 1 and throttled.attributes["lineage.llm.put_off"] == "limit"
+    assert "lineage.llm.calls" not in points and "gen_ai.client.operation.duration" not in points
+
+
+def test_a_call_the_provider_refuses_keeps_its_chat_span_with_the_error(spans, settings):
+    from llm.chat import PutOff, chat
+    from llm.errors import CallPutOff
+    from llm.types import ChatRequest
+
+    with FakeOpenAIChat() as server:
+        settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+        settings.OPENAI_BASE_URL, settings.LLM_MAX_RETRIES = server.url("/v1"), 3
+        server.chat_replies = [(429, {"Content-Type": "application/json", "Retry-After": "5"},
+                                json.dumps({"error": {"message": "Rate limit reached"}}))]
+        with pytest.raises(CallPutOff) as caught:
+            chat(ChatRequest(model="gpt-4.1-mini", messages=[{"role": "user", "content": "hi"}]), put_off=PutOff("y"))
+    assert caught.value.kind == "provider"
+    (call,) = named(spans, "chat ")
+    assert call.status.status_code == trace.StatusCode.ERROR and "rate limited by openai" in call.status.description
+    assert call.attributes["error.type"] == "TransientChatError"
+    assert call.attributes["lineage.llm.put_off"] == "provider"
+
+
+def _points(reader) -> dict:
+    return {metric.name: metric.data.data_points for resource in reader.get_metrics_data().resource_metrics
+            for scope in resource.scope_metrics for metric in scope.metrics}
 
 
 def test_an_eval_runs_lanes_and_invocations_are_in_its_trace(spans, workspace, make_version):
