@@ -2,6 +2,7 @@
 GenAI conventions' attributes, across turns, queued steps and workers; OTLP/HTTP export; off unless configured."""
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -27,6 +28,8 @@ from tests.llm.conftest import FakeOpenAIChat
 from workflows.services import invocation_decide, invocation_start
 
 pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TWO_NODES = graph("planner", node("planner", prompt="Plan the answer.", handoffs=["writer"]),
                   node("writer", prompt="Write the answer.", handoffs=["end"]))
@@ -402,6 +405,22 @@ def test_celery_workers_set_up_tracing_and_continue_the_trace_the_api_started(ot
     # and the instrumentations are on in the workers: their Celery tasks and queries are traced too
     scopes = {scope for _, _, scope in received}
     assert {"opentelemetry.instrumentation.celery", "opentelemetry.instrumentation.psycopg"} <= scopes
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_management_commands_spans_are_exported_before_it_exits(otlp_receiver, make_version):
+    from tests.workflows.workers import test_database_url
+
+    version = make_version(TWO_NODES, name="from the shell")
+    environment = {**os.environ, "DATABASE_URL": test_database_url(), "OTEL_METRICS_EXPORTER": "none",
+                   "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_receiver.server_address[1]}"}
+    result = subprocess.run([sys.executable, "manage.py", "workflow", "run", str(version.pk), "--input",
+                             '{"text": "traced from a command"}'], cwd=ROOT, env=environment, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    names = [name for name, _, scope in _received_spans(otlp_receiver) if scope == telemetry.INSTRUMENTATION_NAME]
+    assert "invoke_workflow from the shell" in names and names.count("chat offline-directive-v1") == 2
+    assert "durable.turn" in names
 
 
 def test_tracing_is_off_unless_configured(make_version, invoke, monkeypatch):
