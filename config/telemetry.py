@@ -4,8 +4,15 @@ Off unless configured, as the OpenTelemetry conventions say: tracing starts only
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) or ``OTEL_TRACES_EXPORTER``
 (``otlp``, ``console``, ``none``) is set, metrics likewise with ``OTEL_METRICS_EXPORTER``; the SDK reads
 its own variables (``OTEL_SERVICE_NAME``, default ``lineage``, ``OTEL_EXPORTER_OTLP_HEADERS``...).
-``setup()`` runs once a process (the WSGI application, each Celery worker process, beat); with nothing
-configured it imports no SDK and every span here is the API's no-op span.
+``setup()`` runs once a process (the WSGI application, each Celery worker process, beat, a management
+command); with nothing configured it imports no SDK and every span here is the API's no-op span.
+
+With ``OTEL_METRICS_EXPORTER`` naming ``prometheus``, each process keeps its metrics in its own
+prometheus-client registry for scraping (a scrape reads one process; prometheus-client's multiprocess
+mode does not apply to OpenTelemetry's reader): the web process answers ``GET /metrics``, every Celery
+process and beat serve theirs on a port of their own, ``METRICS_PROMETHEUS_PORT`` plus their kind's
+offset in ``SCRAPE_PORT_OFFSETS`` plus a prefork child's pool index, so the processes of one host never
+want the same port.
 
 A durable run is one trace, whatever process turns it: the run is stored with the W3C traceparent of
 its ``durable.start`` span (a child of the API request's span, or of the parent run's turn, when there
@@ -24,6 +31,7 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -41,11 +49,14 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 INSTRUMENTATION_NAME = "lineage"
 DEFAULT_SERVICE_NAME = "lineage"
-EXPORTERS = ("otlp", "console", "none")
+EXPORTERS = {"traces": ("otlp", "console", "none"), "metrics": ("otlp", "console", "prometheus", "none")}
+# a process kind's first scrape port past METRICS_PROMETHEUS_PORT; a prefork worker's child adds its pool index
+SCRAPE_PORT_OFFSETS = {"beat": 0, "tick": 1, "llm": 2, "worker": 10}
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
 _propagator = TraceContextTextMapPropagator()
 _lock = threading.Lock()
+logger = logging.getLogger("config.telemetry")
 
 
 @dataclass
@@ -55,6 +66,7 @@ class _Installed:
     tracer: object | None = None
     instruments: _Instruments | None = None
     pid: int | None = None  # the process setup() ran in (a forked child sets up its own)
+    scrape_registry: object | None = None  # the prometheus-client registry of this process's metrics
 
 
 _state = _Installed()
@@ -68,12 +80,13 @@ _forced_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("li
 # ------------------------------------------------------------------------------------ configuration
 
 
-def _exporters(variable: str) -> tuple[str, ...]:
+def _exporters(signal: str) -> tuple[str, ...]:
+    variable = f"OTEL_{signal.upper()}_EXPORTER"
     raw = (os.environ.get(variable) or "").strip().lower()
     names = tuple(name.strip() for name in raw.split(",") if name.strip())
-    unknown = [name for name in names if name not in EXPORTERS]
+    unknown = [name for name in names if name not in EXPORTERS[signal]]
     if unknown:
-        raise ImproperlyConfigured(f"{variable}={raw!r} is not valid: use {', '.join(EXPORTERS)} "
+        raise ImproperlyConfigured(f"{variable}={raw!r} is not valid: use {', '.join(EXPORTERS[signal])} "
                                    f"(comma-separated), not {', '.join(unknown)}.")
     return names
 
@@ -82,7 +95,7 @@ def _configured(signal: str) -> tuple[str, ...]:
     """The exporters of `signal` ("traces" or "metrics") the environment asks for; () when off."""
     if (os.environ.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
         return ()
-    names = _exporters(f"OTEL_{signal.upper()}_EXPORTER")
+    names = _exporters(signal)
     if names:
         return tuple(name for name in names if name != "none")
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
@@ -96,6 +109,11 @@ def tracing_configured() -> bool:
 
 def metrics_configured() -> bool:
     return bool(_configured("metrics"))
+
+
+def scrapes_configured() -> bool:
+    """Whether the metrics are kept for Prometheus to scrape (``OTEL_METRICS_EXPORTER`` naming prometheus)."""
+    return "prometheus" in _configured("metrics")
 
 
 def _resource():
@@ -129,8 +147,9 @@ def build_tracer_provider(*, span_exporter=None):
     return provider
 
 
-def build_meter_provider(*, metric_reader=None):
-    """A MeterProvider exporting periodically to the exporters the environment names, or read by
+def build_meter_provider(*, metric_reader=None, scrape_registry=None):
+    """A MeterProvider exporting periodically to the exporters the environment names (``prometheus``: kept
+    in `scrape_registry`, prometheus-client's global REGISTRY by default, for scrapes), or read by
     `metric_reader` alone (tests)."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -138,6 +157,12 @@ def build_meter_provider(*, metric_reader=None):
     readers = [metric_reader] if metric_reader is not None else []
     if metric_reader is None:
         for name in _configured("metrics"):
+            if name == "prometheus":
+                from opentelemetry.exporter.prometheus import PrometheusMetricReader
+                from prometheus_client import REGISTRY
+
+                readers.append(PrometheusMetricReader(registry=scrape_registry or REGISTRY))
+                continue
             if name == "console":
                 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
@@ -163,10 +188,12 @@ def _keyed_id_generator():
     return KeyedIdGenerator()
 
 
-def setup(*, instrument: tuple[str, ...] = ("django", "celery", "psycopg")) -> bool:
+def setup(*, instrument: tuple[str, ...] = ("django", "celery", "psycopg"), scrape_port: int | None = None) -> bool:
     """Set up tracing and metrics for this process when the environment configures them (once a process;
     a forked child sets up its own, so its batch exporter has its own thread). Instruments Django
-    (`instrument` naming "django"), Celery and psycopg. Returns whether anything is exported."""
+    (`instrument` naming "django"), Celery and psycopg. With Prometheus scrapes configured, a process given
+    a `scrape_port` (``scrape_port()``: a Celery process, beat) serves its metrics there; the web process
+    answers ``/metrics`` instead. Returns whether anything is exported."""
     with _lock:
         if _state.pid == os.getpid():
             return _state.tracer_provider is not None or _state.meter_provider is not None
@@ -179,10 +206,57 @@ def setup(*, instrument: tuple[str, ...] = ("django", "celery", "psycopg")) -> b
             trace.set_tracer_provider(tracer_provider)
         if meter_provider is not None:
             metrics.set_meter_provider(meter_provider)
-        install(tracer_provider=tracer_provider, meter_provider=meter_provider)
+        registry = None
+        if scrapes_configured():
+            import prometheus_client
+
+            registry = prometheus_client.REGISTRY  # where build_meter_provider's Prometheus reader writes
+        install(tracer_provider=tracer_provider, meter_provider=meter_provider, scrape_registry=registry)
         if tracer_provider is not None:
             _instrument(instrument, tracer_provider, meter_provider)
+        if registry is not None and scrape_port is not None:
+            serve_scrapes(port=scrape_port)
         return True
+
+
+def scrape_port(kind: str, index: int = 0) -> int:
+    """The port a process of `kind` (a key of SCRAPE_PORT_OFFSETS) serves its metrics on; `index`: a prefork
+    worker child's index in its pool (a replaced child takes the index, and so the port, of the one it
+    replaces)."""
+    from django.conf import settings
+
+    return settings.METRICS_PROMETHEUS_PORT + SCRAPE_PORT_OFFSETS[kind] + index
+
+
+def serve_scrapes(*, port: int, host: str | None = None):
+    """Serve this process's metrics to Prometheus on `host` (METRICS_PROMETHEUS_HOST) and `port`, in a
+    thread of prometheus-client's; returns its server, or None when the port is taken (logged: metrics
+    never stop a worker)."""
+    from django.conf import settings
+    from prometheus_client import start_http_server
+
+    host = host if host is not None else settings.METRICS_PROMETHEUS_HOST
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=_state.scrape_registry)
+    except OSError as exc:
+        logger.warning("metrics are not served on %s:%s (%s): is another process on that port? "
+                       "(METRICS_PROMETHEUS_PORT)", host, port, exc)
+        return None
+    return server
+
+
+def scrapes_kept() -> bool:
+    """Whether this process keeps its metrics for Prometheus's scrapes (``scrape``)."""
+    return _state.scrape_registry is not None
+
+
+def scrape(accept: str = "") -> tuple[bytes, str]:
+    """This process's metrics as a Prometheus scrape in the format `accept` (a request's Accept header) asks
+    for, and its content type (the text format 0.0.4 by default)."""
+    from prometheus_client.exposition import choose_encoder
+
+    encoder, content_type = choose_encoder(accept)
+    return encoder(_state.scrape_registry), content_type
 
 
 def _instrument(names: tuple[str, ...], tracer_provider, meter_provider) -> None:
@@ -203,11 +277,14 @@ def _instrument(names: tuple[str, ...], tracer_provider, meter_provider) -> None
         PsycopgInstrumentor().instrument(**providers, skip_dep_check=True)
 
 
-def install(*, tracer_provider=None, meter_provider=None) -> _Installed:
+def install(*, tracer_provider=None, meter_provider=None, scrape_registry=None) -> _Installed:
     """Use these providers for Lineage's own spans and metrics (None: the API's globals, no-ops unless
-    something set them). Returns what was installed before, for ``restore``."""
-    previous = _Installed(_state.tracer_provider, _state.meter_provider, _state.tracer, _state.instruments, _state.pid)
+    something set them), and `scrape_registry` (the registry meter_provider's Prometheus reader writes to)
+    for ``scrape``. Returns what was installed before, for ``restore``."""
+    previous = _Installed(_state.tracer_provider, _state.meter_provider, _state.tracer, _state.instruments, _state.pid,
+                          _state.scrape_registry)
     _state.tracer_provider, _state.meter_provider = tracer_provider, meter_provider
+    _state.scrape_registry = scrape_registry
     _state.tracer = tracer_provider.get_tracer(INSTRUMENTATION_NAME, schema_url=SCHEMA_URL) \
         if tracer_provider is not None else None
     _state.instruments = None
@@ -217,6 +294,7 @@ def install(*, tracer_provider=None, meter_provider=None) -> _Installed:
 def restore(previous: _Installed) -> None:
     _state.tracer_provider, _state.meter_provider = previous.tracer_provider, previous.meter_provider
     _state.tracer, _state.instruments, _state.pid = previous.tracer, previous.instruments, previous.pid
+    _state.scrape_registry = previous.scrape_registry
 
 
 def tracing() -> bool:

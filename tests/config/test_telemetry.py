@@ -307,6 +307,70 @@ def test_metrics_count_turns_model_calls_tokens_and_cost(make_version, invoke):
     assert "gen_ai.client.operation.duration" in points and "lineage.llm.cost" in points
 
 
+@pytest.fixture
+def scraped(monkeypatch):
+    """Metrics kept for Prometheus's scrapes as OTEL_METRICS_EXPORTER=prometheus sets them up (in a registry
+    of the test's own)."""
+    from prometheus_client import CollectorRegistry
+
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
+    registry = CollectorRegistry()
+    provider = telemetry.build_meter_provider(scrape_registry=registry)
+    previous = telemetry.install(meter_provider=provider, scrape_registry=registry)
+    yield registry
+    telemetry.restore(previous)
+    provider.shutdown()
+
+
+def _families(text: str) -> dict[str, str]:
+    """A Prometheus text scrape's metric families: name -> type."""
+    return dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE "))
+
+
+def test_metrics_answers_a_prometheus_scrape_with_the_model_calls_tokens_and_turns(scraped, make_version, invoke,
+                                                                                    client):
+    invocation = invoke(make_version(TWO_NODES, name="scraped"))
+    assert invocation.status == "completed"
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = response.content.decode()
+    assert _families(text) == {
+        "target_info": "gauge",
+        "lineage_durable_turn_duration_seconds": "histogram",
+        "gen_ai_client_operation_duration_seconds": "histogram",
+        "gen_ai_client_token_usage": "histogram",
+        "lineage_llm_calls_total": "counter",
+        "lineage_llm_cost_USD_total": "counter",
+        "lineage_llm_calls_in_flight": "gauge",
+    }
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line and not line.startswith("#")}
+    scope = 'otel_scope_name="lineage",otel_scope_schema_url="https://opentelemetry.io/schemas/1.37.0",' \
+            'otel_scope_version=""'
+    model = 'gen_ai_provider_name="offline",gen_ai_request_model="offline-directive-v1"'
+    assert samples[f'lineage_llm_calls_total{{{model},lineage_llm_outcome="ok",{scope}}}'] == 2
+    tokens = {kind: value for key, value in samples.items() for kind in ("input", "output")
+              if key.startswith("gen_ai_client_token_usage_sum{") and f'gen_ai_token_type="{kind}"' in key}
+    assert tokens == {"input": invocation.input_tokens, "output": invocation.output_tokens}
+    turns = [key for key in samples if key.startswith("lineage_durable_turn_duration_seconds_count{")]
+    assert any('durable_turn_outcome="completed"' in key and 'durable_workflow="workflows.invoke"' in key
+               for key in turns)
+
+
+def test_metrics_is_not_found_unless_prometheus_scrapes_are_configured(client):
+    assert client.get("/metrics").status_code == 404
+
+
+def test_metrics_asks_for_the_bearer_token_when_one_is_set(scraped, client, settings):
+    settings.METRICS_TOKEN = "s3cret-scrape-token"
+    refused = client.get("/metrics")
+    assert refused.status_code == 401 and refused["WWW-Authenticate"] == 'Bearer realm="metrics"'
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    answered = client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-scrape-token")
+    assert answered.status_code == 200 and answered["Content-Type"].startswith("text/plain; version=0.0.4")
+
+
 class _Receiver(BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
@@ -421,6 +485,56 @@ def test_a_management_commands_spans_are_exported_before_it_exits(otlp_receiver,
     names = [name for name, _, scope in _received_spans(otlp_receiver) if scope == telemetry.INSTRUMENTATION_NAME]
     assert "invoke_workflow from the shell" in names and names.count("chat offline-directive-v1") == 2
     assert "durable.turn" in names
+
+
+def _free_port_base(offsets) -> int:
+    """A port such that it plus each of `offsets` is free on loopback now."""
+    import random
+    import socket
+
+    for _ in range(50):
+        base = random.randrange(20_000, 60_000)
+        try:
+            for offset in offsets:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", base + offset))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no free ports")
+
+
+def _scrape(port: int, *, timeout: float = 30) -> str:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+                return answer.read().decode()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_each_celery_worker_process_serves_its_own_metrics_on_its_kinds_port(make_version):
+    from tests.workflows.workers import drive_until_ended, split_workers_running
+
+    offsets = (telemetry.SCRAPE_PORT_OFFSETS["worker"], telemetry.SCRAPE_PORT_OFFSETS["llm"])
+    base = _free_port_base(offsets)
+    invocation = invocation_start(version=make_version(TWO_NODES), input={"text": "scraped on workers"})
+    with FakeOpenAIChat() as server, split_workers_running("scraped", server.url("/v1"), OTEL_METRICS_EXPORTER=
+                                                           "prometheus", METRICS_PROMETHEUS_PORT=str(base)):
+        drive_until_ended([invocation], timeout=120)
+        turns, calls = (_families(_scrape(base + offset)) for offset in offsets)
+    assert invocation.status == "completed", invocation.error
+    # the turns ran on the prefork worker's one child (index 0), the model calls on the threads-pool worker
+    assert turns["lineage_durable_turn_duration_seconds"] == "histogram" and "lineage_llm_calls_total" not in turns
+    assert calls["lineage_llm_calls_total"] == "counter" and calls["gen_ai_client_token_usage"] == "histogram"
+    assert "lineage_durable_step_duration_seconds" in calls and "process_resident_memory_bytes" in calls
 
 
 def test_tracing_is_off_unless_configured(make_version, invoke, monkeypatch):
