@@ -52,6 +52,11 @@ DEFAULT_SERVICE_NAME = "lineage"
 EXPORTERS = {"traces": ("otlp", "console", "none"), "metrics": ("otlp", "console", "prometheus", "none")}
 # a process kind's first scrape port past METRICS_PROMETHEUS_PORT; a prefork worker's child adds its pool index
 SCRAPE_PORT_OFFSETS = {"beat": 0, "tick": 1, "llm": 2, "worker": 10}
+# the GenAI conventions' advised bucket boundaries (seconds, tokens), for every histogram here: the SDK's
+# defaults (0, 5, 10, 25...) put nearly every turn and model call in one bucket, leaving no quantile to read
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+TOKEN_BUCKETS = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+                 16777216.0, 67108864.0)  # floats, so Prometheus's `le` reads 16.0 as in every other histogram
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
 _propagator = TraceContextTextMapPropagator()
@@ -615,13 +620,17 @@ def instruments() -> _Instruments:
         meter = provider.get_meter(INSTRUMENTATION_NAME, schema_url=SCHEMA_URL)
         _state.instruments = _Instruments(
             turn_duration=meter.create_histogram("lineage.durable.turn.duration", unit="s",
-                                                 description="Durable turns, by workflow and outcome"),
+                                                 description="Durable turns, by workflow and outcome",
+                                                 explicit_bucket_boundaries_advisory=DURATION_BUCKETS),
             step_duration=meter.create_histogram("lineage.durable.step.duration", unit="s",
-                                                 description="Queued durable steps' attempts, by step and status"),
+                                                 description="Queued durable steps' attempts, by step and status",
+                                                 explicit_bucket_boundaries_advisory=DURATION_BUCKETS),
             duration=meter.create_histogram("gen_ai.client.operation.duration", unit="s",
-                                            description="Model calls as the provider is asked"),
+                                            description="Model calls as the provider is asked",
+                                            explicit_bucket_boundaries_advisory=DURATION_BUCKETS),
             token_usage=meter.create_histogram("gen_ai.client.token.usage", unit="{token}",
-                                               description="Tokens of model calls, by gen_ai.token.type"),
+                                               description="Tokens of model calls, by gen_ai.token.type",
+                                               explicit_bucket_boundaries_advisory=TOKEN_BUCKETS),
             calls=meter.create_counter("lineage.llm.calls", unit="{call}",
                                        description="Model calls, by provider, model and outcome"),
             cost=meter.create_counter("lineage.llm.cost", unit="USD", description="USD of model calls"),

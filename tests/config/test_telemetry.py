@@ -356,6 +356,13 @@ def test_metrics_answers_a_prometheus_scrape_with_the_model_calls_tokens_and_tur
     turns = [key for key in samples if key.startswith("lineage_durable_turn_duration_seconds_count{")]
     assert any('durable_turn_outcome="completed"' in key and 'durable_workflow="workflows.invoke"' in key
                for key in turns)
+    # buckets fine enough for quantiles of turns and calls that take milliseconds, and of a few hundred tokens
+    bounds = {name: {key.split('le="')[1].split('"')[0] for key in samples if key.startswith(f"{name}_bucket{{")}
+              for name in ("lineage_durable_turn_duration_seconds", "gen_ai_client_operation_duration_seconds",
+                           "gen_ai_client_token_usage")}
+    assert {"0.01", "0.08", "1.28"} <= bounds["lineage_durable_turn_duration_seconds"]
+    assert {"0.01", "0.08", "1.28"} <= bounds["gen_ai_client_operation_duration_seconds"]
+    assert {"16.0", "64.0", "256.0", "1024.0"} <= bounds["gen_ai_client_token_usage"]
 
 
 def test_metrics_is_not_found_unless_prometheus_scrapes_are_configured(client):
