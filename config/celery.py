@@ -69,7 +69,7 @@ def _telemetry_in_worker_process(**kwargs):
 
 
 @worker_init.connect
-def _telemetry_in_threads_worker(sender=None, **kwargs):
+def _telemetry_as_the_worker_starts(sender=None, **kwargs):
     global _worker_kind
     _worker_kind = _kind_of(sender)
     if "thread" in str(getattr(sender, "pool_cls", "")).lower():
