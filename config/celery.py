@@ -53,24 +53,46 @@ def _load_provider_libraries(**kwargs):
 
 # OpenTelemetry (config/telemetry.py, off unless configured), once a process that runs tasks: each prefork
 # (and solo) process after it is forked, so its batch exporter has its own thread; a threads pool's one
-# process as it starts (no worker_process_init there); beat
+# process as it starts (no worker_process_init there); beat. Each serves Prometheus's scrapes, when they
+# are configured, on the port of its kind (decided as the worker starts, before it forks) and pool index.
+_worker_kind = "worker"
+
+
 @worker_process_init.connect
 def _telemetry_in_worker_process(**kwargs):
+    from billiard.process import current_process
+
     from config import telemetry
 
-    telemetry.setup(instrument=("celery", "psycopg"))
+    index = getattr(current_process(), "index", 0)
+    telemetry.setup(instrument=("celery", "psycopg"), scrape_port=telemetry.scrape_port(_worker_kind, index))
 
 
 @worker_init.connect
-def _telemetry_in_threads_worker(sender=None, **kwargs):
+def _telemetry_as_the_worker_starts(sender=None, **kwargs):
+    global _worker_kind
+    _worker_kind = _kind_of(sender)
     if "thread" in str(getattr(sender, "pool_cls", "")).lower():
         from config import telemetry
 
-        telemetry.setup(instrument=("celery", "psycopg"))
+        telemetry.setup(instrument=("celery", "psycopg"), scrape_port=telemetry.scrape_port(_worker_kind))
+
+
+def _kind_of(worker) -> str:
+    """"tick" or "llm" for a worker that serves only that queue (or runs a threads pool: model calls), else
+    "worker" (config.telemetry.SCRAPE_PORT_OFFSETS)."""
+    from django.conf import settings
+
+    queues = set(worker.app.amqp.queues.consume_from)
+    if queues == {settings.DURABLE_TICK_QUEUE}:
+        return "tick"
+    if queues == {settings.LLM_QUEUE} or "thread" in str(getattr(worker, "pool_cls", "")).lower():
+        return "llm"
+    return "worker"
 
 
 @beat_init.connect
 def _telemetry_in_beat(**kwargs):
     from config import telemetry
 
-    telemetry.setup(instrument=("celery",))
+    telemetry.setup(instrument=("celery",), scrape_port=telemetry.scrape_port("beat"))

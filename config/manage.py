@@ -20,6 +20,7 @@ def main() -> None:
     from django.core.management import execute_from_command_line
     from django.db import ProgrammingError
 
+    _set_up_telemetry(sys.argv)
     try:
         execute_from_command_line(sys.argv)
     except ProgrammingError:
@@ -28,6 +29,23 @@ def main() -> None:
         sys.stderr.write("The database has no tables yet: run `.venv/bin/python manage.py migrate` "
                          "(or `make run` once, which migrates and seeds the demo), then this command again.\n")
         sys.exit(1)
+
+
+# runserver's serving process sets itself up as the WSGI application (its autoreloading parent runs no work);
+# the schema and housekeeping commands run none worth tracing
+UNTRACED_COMMANDS = frozenset({"runserver", "check", "makemigrations", "migrate", "showmigrations", "sqlmigrate",
+                               "collectstatic", "test", "help", "version"})
+
+
+def _set_up_telemetry(argv: list[str]) -> None:
+    """OpenTelemetry for a command that runs work in this process (eval, evolve, knowledge, workflow run...),
+    when the environment configures it (config/telemetry.py). The SDK's providers shut down at exit,
+    exporting what is still buffered, so a short command's spans are not lost."""
+    from config import telemetry
+
+    command = argv[1] if len(argv) > 1 else "help"
+    if command not in UNTRACED_COMMANDS and not command.startswith("-"):
+        telemetry.setup(instrument=("celery", "psycopg"))
 
 
 def _migrated() -> bool:

@@ -4,8 +4,15 @@ Off unless configured, as the OpenTelemetry conventions say: tracing starts only
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) or ``OTEL_TRACES_EXPORTER``
 (``otlp``, ``console``, ``none``) is set, metrics likewise with ``OTEL_METRICS_EXPORTER``; the SDK reads
 its own variables (``OTEL_SERVICE_NAME``, default ``lineage``, ``OTEL_EXPORTER_OTLP_HEADERS``...).
-``setup()`` runs once a process (the WSGI application, each Celery worker process, beat); with nothing
-configured it imports no SDK and every span here is the API's no-op span.
+``setup()`` runs once a process (the WSGI application, each Celery worker process, beat, a management
+command); with nothing configured it imports no SDK and every span here is the API's no-op span.
+
+With ``OTEL_METRICS_EXPORTER`` naming ``prometheus``, each process keeps its metrics in its own
+prometheus-client registry for scraping (a scrape reads one process; prometheus-client's multiprocess
+mode does not apply to OpenTelemetry's reader): the web process answers ``GET /metrics``, every Celery
+process and beat serve theirs on a port of their own, ``METRICS_PROMETHEUS_PORT`` plus their kind's
+offset in ``SCRAPE_PORT_OFFSETS`` plus a prefork child's pool index, so the processes of one host never
+want the same port.
 
 A durable run is one trace, whatever process turns it: the run is stored with the W3C traceparent of
 its ``durable.start`` span (a child of the API request's span, or of the parent run's turn, when there
@@ -24,6 +31,7 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -41,11 +49,19 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.37.0"
 INSTRUMENTATION_NAME = "lineage"
 DEFAULT_SERVICE_NAME = "lineage"
-EXPORTERS = ("otlp", "console", "none")
+EXPORTERS = {"traces": ("otlp", "console", "none"), "metrics": ("otlp", "console", "prometheus", "none")}
+# a process kind's first scrape port past METRICS_PROMETHEUS_PORT; a prefork worker's child adds its pool index
+SCRAPE_PORT_OFFSETS = {"beat": 0, "tick": 1, "llm": 2, "worker": 10}
+# the GenAI conventions' advised bucket boundaries (seconds, tokens), for every histogram here: the SDK's
+# defaults (0, 5, 10, 25...) put nearly every turn and model call in one bucket, leaving no quantile to read
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+TOKEN_BUCKETS = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+                 16777216.0, 67108864.0)  # floats, so Prometheus's `le` reads 16.0 as in every other histogram
 CAPTURE_CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 
 _propagator = TraceContextTextMapPropagator()
 _lock = threading.Lock()
+logger = logging.getLogger("config.telemetry")
 
 
 @dataclass
@@ -55,6 +71,7 @@ class _Installed:
     tracer: object | None = None
     instruments: _Instruments | None = None
     pid: int | None = None  # the process setup() ran in (a forked child sets up its own)
+    scrape_registry: object | None = None  # the prometheus-client registry of this process's metrics
 
 
 _state = _Installed()
@@ -68,12 +85,13 @@ _forced_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("li
 # ------------------------------------------------------------------------------------ configuration
 
 
-def _exporters(variable: str) -> tuple[str, ...]:
+def _exporters(signal: str) -> tuple[str, ...]:
+    variable = f"OTEL_{signal.upper()}_EXPORTER"
     raw = (os.environ.get(variable) or "").strip().lower()
     names = tuple(name.strip() for name in raw.split(",") if name.strip())
-    unknown = [name for name in names if name not in EXPORTERS]
+    unknown = [name for name in names if name not in EXPORTERS[signal]]
     if unknown:
-        raise ImproperlyConfigured(f"{variable}={raw!r} is not valid: use {', '.join(EXPORTERS)} "
+        raise ImproperlyConfigured(f"{variable}={raw!r} is not valid: use {', '.join(EXPORTERS[signal])} "
                                    f"(comma-separated), not {', '.join(unknown)}.")
     return names
 
@@ -82,7 +100,7 @@ def _configured(signal: str) -> tuple[str, ...]:
     """The exporters of `signal` ("traces" or "metrics") the environment asks for; () when off."""
     if (os.environ.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
         return ()
-    names = _exporters(f"OTEL_{signal.upper()}_EXPORTER")
+    names = _exporters(signal)
     if names:
         return tuple(name for name in names if name != "none")
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
@@ -96,6 +114,11 @@ def tracing_configured() -> bool:
 
 def metrics_configured() -> bool:
     return bool(_configured("metrics"))
+
+
+def scrapes_configured() -> bool:
+    """Whether the metrics are kept for Prometheus to scrape (``OTEL_METRICS_EXPORTER`` naming prometheus)."""
+    return "prometheus" in _configured("metrics")
 
 
 def _resource():
@@ -129,8 +152,9 @@ def build_tracer_provider(*, span_exporter=None):
     return provider
 
 
-def build_meter_provider(*, metric_reader=None):
-    """A MeterProvider exporting periodically to the exporters the environment names, or read by
+def build_meter_provider(*, metric_reader=None, scrape_registry=None):
+    """A MeterProvider exporting periodically to the exporters the environment names (``prometheus``: kept
+    in `scrape_registry`, prometheus-client's global REGISTRY by default, for scrapes), or read by
     `metric_reader` alone (tests)."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -138,6 +162,12 @@ def build_meter_provider(*, metric_reader=None):
     readers = [metric_reader] if metric_reader is not None else []
     if metric_reader is None:
         for name in _configured("metrics"):
+            if name == "prometheus":
+                from opentelemetry.exporter.prometheus import PrometheusMetricReader
+                from prometheus_client import REGISTRY
+
+                readers.append(PrometheusMetricReader(registry=scrape_registry or REGISTRY))
+                continue
             if name == "console":
                 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
@@ -163,10 +193,12 @@ def _keyed_id_generator():
     return KeyedIdGenerator()
 
 
-def setup(*, instrument: tuple[str, ...] = ("django", "celery", "psycopg")) -> bool:
+def setup(*, instrument: tuple[str, ...] = ("django", "celery", "psycopg"), scrape_port: int | None = None) -> bool:
     """Set up tracing and metrics for this process when the environment configures them (once a process;
     a forked child sets up its own, so its batch exporter has its own thread). Instruments Django
-    (`instrument` naming "django"), Celery and psycopg. Returns whether anything is exported."""
+    (`instrument` naming "django"), Celery and psycopg. With Prometheus scrapes configured, a process given
+    a `scrape_port` (``scrape_port()``: a Celery process, beat) serves its metrics there; the web process
+    answers ``/metrics`` instead. Returns whether anything is exported."""
     with _lock:
         if _state.pid == os.getpid():
             return _state.tracer_provider is not None or _state.meter_provider is not None
@@ -179,10 +211,57 @@ def setup(*, instrument: tuple[str, ...] = ("django", "celery", "psycopg")) -> b
             trace.set_tracer_provider(tracer_provider)
         if meter_provider is not None:
             metrics.set_meter_provider(meter_provider)
-        install(tracer_provider=tracer_provider, meter_provider=meter_provider)
+        registry = None
+        if scrapes_configured():
+            import prometheus_client
+
+            registry = prometheus_client.REGISTRY  # where build_meter_provider's Prometheus reader writes
+        install(tracer_provider=tracer_provider, meter_provider=meter_provider, scrape_registry=registry)
         if tracer_provider is not None:
             _instrument(instrument, tracer_provider, meter_provider)
+        if registry is not None and scrape_port is not None:
+            serve_scrapes(port=scrape_port)
         return True
+
+
+def scrape_port(kind: str, index: int = 0) -> int:
+    """The port a process of `kind` (a key of SCRAPE_PORT_OFFSETS) serves its metrics on; `index`: a prefork
+    worker child's index in its pool (a replaced child takes the index, and so the port, of the one it
+    replaces)."""
+    from django.conf import settings
+
+    return settings.METRICS_PROMETHEUS_PORT + SCRAPE_PORT_OFFSETS[kind] + index
+
+
+def serve_scrapes(*, port: int, host: str | None = None):
+    """Serve this process's metrics to Prometheus on `host` (METRICS_PROMETHEUS_HOST) and `port`, in a
+    thread of prometheus-client's; returns its server, or None when the port is taken (logged: metrics
+    never stop a worker)."""
+    from django.conf import settings
+    from prometheus_client import start_http_server
+
+    host = host if host is not None else settings.METRICS_PROMETHEUS_HOST
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=_state.scrape_registry)
+    except OSError as exc:
+        logger.warning("metrics are not served on %s:%s (%s): is another process on that port? "
+                       "(METRICS_PROMETHEUS_PORT)", host, port, exc)
+        return None
+    return server
+
+
+def scrapes_kept() -> bool:
+    """Whether this process keeps its metrics for Prometheus's scrapes (``scrape``)."""
+    return _state.scrape_registry is not None
+
+
+def scrape(accept: str = "") -> tuple[bytes, str]:
+    """This process's metrics as a Prometheus scrape in the format `accept` (a request's Accept header) asks
+    for, and its content type (the text format 0.0.4 by default)."""
+    from prometheus_client.exposition import choose_encoder
+
+    encoder, content_type = choose_encoder(accept)
+    return encoder(_state.scrape_registry), content_type
 
 
 def _instrument(names: tuple[str, ...], tracer_provider, meter_provider) -> None:
@@ -203,11 +282,14 @@ def _instrument(names: tuple[str, ...], tracer_provider, meter_provider) -> None
         PsycopgInstrumentor().instrument(**providers, skip_dep_check=True)
 
 
-def install(*, tracer_provider=None, meter_provider=None) -> _Installed:
+def install(*, tracer_provider=None, meter_provider=None, scrape_registry=None) -> _Installed:
     """Use these providers for Lineage's own spans and metrics (None: the API's globals, no-ops unless
-    something set them). Returns what was installed before, for ``restore``."""
-    previous = _Installed(_state.tracer_provider, _state.meter_provider, _state.tracer, _state.instruments, _state.pid)
+    something set them), and `scrape_registry` (the registry meter_provider's Prometheus reader writes to)
+    for ``scrape``. Returns what was installed before, for ``restore``."""
+    previous = _Installed(_state.tracer_provider, _state.meter_provider, _state.tracer, _state.instruments, _state.pid,
+                          _state.scrape_registry)
     _state.tracer_provider, _state.meter_provider = tracer_provider, meter_provider
+    _state.scrape_registry = scrape_registry
     _state.tracer = tracer_provider.get_tracer(INSTRUMENTATION_NAME, schema_url=SCHEMA_URL) \
         if tracer_provider is not None else None
     _state.instruments = None
@@ -217,6 +299,7 @@ def install(*, tracer_provider=None, meter_provider=None) -> _Installed:
 def restore(previous: _Installed) -> None:
     _state.tracer_provider, _state.meter_provider = previous.tracer_provider, previous.meter_provider
     _state.tracer, _state.instruments, _state.pid = previous.tracer, previous.instruments, previous.pid
+    _state.scrape_registry = previous.scrape_registry
 
 
 def tracing() -> bool:
@@ -433,6 +516,7 @@ class _Call:
 
     def __init__(self, span, attributes: dict):
         self.span, self.attributes, self.outcome = span, attributes, "error"
+        self.error_type = ""
 
     def answered(self, response) -> None:
         """Record the answer: the model that gave it, tokens, finish reason, USD and, when asked, content."""
@@ -451,8 +535,9 @@ class _Call:
             meters.token_usage.record(count, {**self.attributes, "gen_ai.token.type": kind})
         meters.cost.add(float(usage.usd_cost), self._model_attributes())
 
-    def throttled(self, kind: str, reason: str) -> None:
-        self.outcome = "throttled"
+    def throttled(self, kind: str, reason: str, *, error_type: str) -> None:
+        """The provider refused the call (a 429, a 5xx) and it is put off: its span keeps the error."""
+        self.outcome, self.error_type = "throttled", error_type
         self.span.set_attributes({"lineage.llm.put_off": kind, "lineage.llm.put_off_reason": reason[:500]})
         llm_throttled(provider=self.attributes["gen_ai.provider.name"], model=self.attributes["gen_ai.request.model"],
                       kind=kind)
@@ -481,14 +566,22 @@ def chat_span(request, *, provider: str, model: str) -> Iterator[_Call]:
         try:
             yield call
         except Exception as exc:
-            if call.outcome != "throttled":
-                attributes["error.type"] = type(exc).__name__
-                span.set_attribute("error.type", type(exc).__name__)
+            attributes["error.type"] = call.error_type or type(exc).__name__
+            span.set_attribute("error.type", attributes["error.type"])
             raise
         finally:
             meters.in_flight.add(-1, call._model_attributes())
             meters.duration.record(time.perf_counter() - started, attributes)
             meters.calls.add(1, {**call._model_attributes(), "lineage.llm.outcome": call.outcome})
+
+
+def llm_put_off(*, provider: str, model: str, reason: str) -> None:
+    """A call a provider limit of this install put off before it was sent: not a call of the provider's, so
+    no ``chat`` span, only an event on the current span (when it is a recording one) and the throttled count."""
+    trace.get_current_span().add_event("lineage.llm.put_off", {
+        "gen_ai.provider.name": provider, "gen_ai.request.model": model, "lineage.llm.put_off": "limit",
+        "reason": reason[:500]})
+    llm_throttled(provider=provider, model=model, kind="limit")
 
 
 def llm_throttled(*, provider: str, model: str, kind: str) -> None:
@@ -527,13 +620,17 @@ def instruments() -> _Instruments:
         meter = provider.get_meter(INSTRUMENTATION_NAME, schema_url=SCHEMA_URL)
         _state.instruments = _Instruments(
             turn_duration=meter.create_histogram("lineage.durable.turn.duration", unit="s",
-                                                 description="Durable turns, by workflow and outcome"),
+                                                 description="Durable turns, by workflow and outcome",
+                                                 explicit_bucket_boundaries_advisory=DURATION_BUCKETS),
             step_duration=meter.create_histogram("lineage.durable.step.duration", unit="s",
-                                                 description="Queued durable steps' attempts, by step and status"),
+                                                 description="Queued durable steps' attempts, by step and status",
+                                                 explicit_bucket_boundaries_advisory=DURATION_BUCKETS),
             duration=meter.create_histogram("gen_ai.client.operation.duration", unit="s",
-                                            description="Model calls as the provider is asked"),
+                                            description="Model calls as the provider is asked",
+                                            explicit_bucket_boundaries_advisory=DURATION_BUCKETS),
             token_usage=meter.create_histogram("gen_ai.client.token.usage", unit="{token}",
-                                               description="Tokens of model calls, by gen_ai.token.type"),
+                                               description="Tokens of model calls, by gen_ai.token.type",
+                                               explicit_bucket_boundaries_advisory=TOKEN_BUCKETS),
             calls=meter.create_counter("lineage.llm.calls", unit="{call}",
                                        description="Model calls, by provider, model and outcome"),
             cost=meter.create_counter("lineage.llm.cost", unit="USD", description="USD of model calls"),

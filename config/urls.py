@@ -3,7 +3,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from config.views import healthz, healthz_live, healthz_ready
+from config.views import healthz, healthz_live, healthz_ready, metrics
 from workspaces.api.routers import api_root_view
 
 api_patterns = [
@@ -21,6 +21,7 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("healthz/live", healthz_live, name="healthz-live"),
     path("healthz/ready", healthz_ready, name="healthz-ready"),
+    path("metrics", metrics, name="metrics"),  # 404 unless Prometheus scrapes are configured
     path("admin/", admin.site.urls),
     path("api/", include(api_patterns)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),

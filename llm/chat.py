@@ -180,16 +180,26 @@ class _NotAdmitted(Exception):
         self.admission = admission
 
 
-def _attempt(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel, caller: str) -> ChatResponse:
-    """One attempt, inside the provider's limits (llm/limits.py) when it has any."""
+def _admit(resolved: ResolvedModel, caller: str):
+    """The call's place inside the provider's limits (llm/limits.py), None when it has none; raises
+    _NotAdmitted when the call must wait."""
     from llm import limits
 
     _scope, configured = limits.scope_of(resolved.provider, resolved.model)
     if not limits.limited(configured):
-        return provider.complete(request, resolved)
+        return None
     admission = limits.admit(resolved.provider, resolved.model, caller=caller)
     if not admission.admitted:
         raise _NotAdmitted(admission)
+    return admission
+
+
+def _send(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel, admission) -> ChatResponse:
+    """Ask the provider in the place `admission` holds (None: no limits), given back after."""
+    from llm import limits
+
+    if admission is None:
+        return provider.complete(request, resolved)
     try:
         return provider.complete(request, resolved)
     except TransientChatError as exc:
@@ -198,6 +208,11 @@ def _attempt(provider: ChatProvider, request: ChatRequest, resolved: ResolvedMod
         raise
     finally:
         limits.release(admission)
+
+
+def _attempt(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel, caller: str) -> ChatResponse:
+    """One attempt, inside the provider's limits when it has any."""
+    return _send(provider, request, resolved, _admit(resolved, caller))
 
 
 def _complete_with_retries(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel,
@@ -227,21 +242,30 @@ def _complete_with_retries(provider: ChatProvider, request: ChatRequest, resolve
 
 def _complete_or_put_off(provider: ChatProvider, request: ChatRequest, resolved: ResolvedModel,
                          put_off: PutOff) -> ChatResponse:
-    """In a durable step: one attempt; anything to wait for raises CallPutOff instead of sleeping."""
+    """In a durable step: one attempt; anything to wait for raises CallPutOff instead of sleeping. A call a
+    limit of this install puts off was never sent, so it has no ``chat`` span (telemetry.llm_put_off); one
+    the provider refused has, with its error."""
     try:
-        return _attempt(provider, request, resolved, put_off.caller)
+        admission = _admit(resolved, put_off.caller)
     except _NotAdmitted as refused:
-        admission = refused.admission
-        raise CallPutOff(f"{admission.reason}: retry in {_seconds(admission.wait)}", retry_in=admission.wait,
-                         kind="limit") from None
-    except TransientChatError as exc:
-        retry = put_off.retries_done + 1
-        delay = RetryPolicy.from_settings().delay(retry, retry_after=exc.retry_after)
-        if delay is None:
-            raise TransientChatError(f"{resolved.provider} model {resolved.model!r} failed after {retry} "
-                                     f"attempts: {exc}", retry_after=exc.retry_after) from exc
-        what = f"rate limited by {resolved.provider}" if exc.rate_limited else f"{resolved.provider}: {exc}"
-        raise CallPutOff(f"{what}: retry in {_seconds(delay)}", retry_in=delay, kind="provider") from exc
+        reason = f"{refused.admission.reason}: retry in {_seconds(refused.admission.wait)}"
+        telemetry.llm_put_off(provider=resolved.provider, model=resolved.model, reason=reason)
+        raise CallPutOff(reason, retry_in=refused.admission.wait, kind="limit") from None
+    with telemetry.chat_span(request, provider=resolved.provider, model=resolved.model) as traced:
+        try:
+            response = clean_response(_send(provider, request, resolved, admission))
+        except TransientChatError as exc:
+            retry = put_off.retries_done + 1
+            delay = RetryPolicy.from_settings().delay(retry, retry_after=exc.retry_after)
+            if delay is None:
+                raise TransientChatError(f"{resolved.provider} model {resolved.model!r} failed after {retry} "
+                                         f"attempts: {exc}", retry_after=exc.retry_after) from exc
+            what = f"rate limited by {resolved.provider}" if exc.rate_limited else f"{resolved.provider}: {exc}"
+            reason = f"{what}: retry in {_seconds(delay)}"
+            traced.throttled("provider", reason, error_type=type(exc).__name__)
+            raise CallPutOff(reason, retry_in=delay, kind="provider") from exc
+        traced.answered(response)
+    return response
 
 
 def _seconds(value: float) -> str:
@@ -278,16 +302,12 @@ def chat(request: ChatRequest, *, cache: ResponseCache | None = None, put_off: P
         if hit is not None:
             return clean_response(ChatResponse.from_dict(hit)), True
     provider = get_chat_provider(resolved)
-    with telemetry.chat_span(request, provider=resolved.provider, model=resolved.model) as traced:
-        try:
-            if put_off is not None:
-                response = clean_response(_complete_or_put_off(provider, request, resolved, put_off))
-            else:
-                response = clean_response(_complete_with_retries(provider, request, resolved, wait or _wait))
-        except CallPutOff as exc:
-            traced.throttled(exc.kind, exc.reason)
-            raise
-        traced.answered(response)
+    if put_off is not None:
+        response = _complete_or_put_off(provider, request, resolved, put_off)
+    else:
+        with telemetry.chat_span(request, provider=resolved.provider, model=resolved.model) as traced:
+            response = clean_response(_complete_with_retries(provider, request, resolved, wait or _wait))
+            traced.answered(response)
     record_usage(response.usage)
     if cache is not None and key is not None:
         cache.put(key, request, response)

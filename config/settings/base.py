@@ -272,7 +272,17 @@ if not DEBUG:
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    SECURE_REDIRECT_EXEMPT = [r"^healthz(/live|/ready)?$"]
+    # probes and Prometheus's scrapes come from inside the deployment, over plain HTTP
+    SECURE_REDIRECT_EXEMPT = [r"^healthz(/live|/ready)?$", r"^metrics$"]
+
+# Prometheus scrapes, when OTEL_METRICS_EXPORTER names prometheus (config/telemetry.py; README, "Observability"):
+# the web process answers GET /metrics, only with `Authorization: Bearer <METRICS_TOKEN>` when that is set;
+# each Celery process and beat serve theirs on METRICS_PROMETHEUS_HOST, at METRICS_PROMETHEUS_PORT plus their
+# kind's offset (config.telemetry.SCRAPE_PORT_OFFSETS: beat +0, tick worker +1, llm worker +2, a turn
+# worker's prefork children +10, +11...)
+METRICS_PROMETHEUS_HOST = env_str("METRICS_PROMETHEUS_HOST", "127.0.0.1")
+METRICS_PROMETHEUS_PORT = env_int("METRICS_PROMETHEUS_PORT", 9464, minimum=1, maximum=65_000)
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 
 # "plain" (`make run`'s terminal) or "json": one JSON object a line with the run, invocation, workspace and
 # Celery task it comes from (config/logging.py), for a log pipeline (Loki, Elasticsearch, CloudWatch)

@@ -2,10 +2,12 @@
 GenAI conventions' attributes, across turns, queued steps and workers; OTLP/HTTP export; off unless configured."""
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from tests.llm.conftest import FakeOpenAIChat
 from workflows.services import invocation_decide, invocation_start
 
 pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TWO_NODES = graph("planner", node("planner", prompt="Plan the answer.", handoffs=["writer"]),
                   node("writer", prompt="Write the answer.", handoffs=["end"]))
@@ -197,6 +201,59 @@ def test_a_model_call_that_fails_sets_its_spans_status(spans, make_version, invo
     assert step.attributes["durable.step.status"] == "failed" and step.status.status_code == trace.StatusCode.ERROR
 
 
+def test_a_call_a_provider_limit_puts_off_before_sending_has_no_chat_span(spans, settings):
+    from llm import limits
+    from llm.chat import PutOff, chat
+    from llm.errors import CallPutOff
+    from llm.types import ChatRequest
+
+    name = f"p{uuid.uuid4().hex[:10]}"
+    settings.LLM_PROVIDER = "openai"
+    settings.LLM_PROVIDERS = {name: {"base_url": "http://127.0.0.1:9/v1", "requests_per_minute": 1}}
+    assert limits.admit(name, "m").admitted  # the minute's one start is taken
+    reader = InMemoryMetricReader()
+    previous = telemetry.install(tracer_provider=telemetry._state.tracer_provider,
+                                 meter_provider=telemetry.build_meter_provider(metric_reader=reader))
+    try:
+        with telemetry.tracer().start_as_current_span("a judge's step"), pytest.raises(CallPutOff):
+            chat(ChatRequest(model=f"{name}#m", messages=[{"role": "user", "content": "hi"}]), put_off=PutOff("x"))
+        points = _points(reader)
+    finally:
+        telemetry.restore(previous)
+    assert named(spans, "chat ") == []  # the provider was never asked
+    (step,) = named(spans, "a judge's step")
+    (event,) = step.events
+    assert event.name == "lineage.llm.put_off" and event.attributes["lineage.llm.put_off"] == "limit"
+    assert event.attributes["gen_ai.request.model"] == "m" and "rate limited by" in event.attributes["reason"]
+    (throttled,) = points["lineage.llm.throttled"]
+    assert throttled.value == 1 and throttled.attributes["lineage.llm.put_off"] == "limit"
+    assert "lineage.llm.calls" not in points and "gen_ai.client.operation.duration" not in points
+
+
+def test_a_call_the_provider_refuses_keeps_its_chat_span_with_the_error(spans, settings):
+    from llm.chat import PutOff, chat
+    from llm.errors import CallPutOff
+    from llm.types import ChatRequest
+
+    with FakeOpenAIChat() as server:
+        settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+        settings.OPENAI_BASE_URL, settings.LLM_MAX_RETRIES = server.url("/v1"), 3
+        server.chat_replies = [(429, {"Content-Type": "application/json", "Retry-After": "5"},
+                                json.dumps({"error": {"message": "Rate limit reached"}}))]
+        with pytest.raises(CallPutOff) as caught:
+            chat(ChatRequest(model="gpt-4.1-mini", messages=[{"role": "user", "content": "hi"}]), put_off=PutOff("y"))
+    assert caught.value.kind == "provider"
+    (call,) = named(spans, "chat ")
+    assert call.status.status_code == trace.StatusCode.ERROR and "rate limited by openai" in call.status.description
+    assert call.attributes["error.type"] == "TransientChatError"
+    assert call.attributes["lineage.llm.put_off"] == "provider"
+
+
+def _points(reader) -> dict:
+    return {metric.name: metric.data.data_points for resource in reader.get_metrics_data().resource_metrics
+            for scope in resource.scope_metrics for metric in scope.metrics}
+
+
 def test_an_eval_runs_lanes_and_invocations_are_in_its_trace(spans, workspace, make_version):
     from evals.services import eval_run_start, golden_item_add, golden_set_create
 
@@ -248,6 +305,77 @@ def test_metrics_count_turns_model_calls_tokens_and_cost(make_version, invoke):
     outcomes = {point.attributes["durable.turn.outcome"] for point in points["lineage.durable.turn.duration"]}
     assert "completed" in outcomes
     assert "gen_ai.client.operation.duration" in points and "lineage.llm.cost" in points
+
+
+@pytest.fixture
+def scraped(monkeypatch):
+    """Metrics kept for Prometheus's scrapes as OTEL_METRICS_EXPORTER=prometheus sets them up (in a registry
+    of the test's own)."""
+    from prometheus_client import CollectorRegistry
+
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "prometheus")
+    registry = CollectorRegistry()
+    provider = telemetry.build_meter_provider(scrape_registry=registry)
+    previous = telemetry.install(meter_provider=provider, scrape_registry=registry)
+    yield registry
+    telemetry.restore(previous)
+    provider.shutdown()
+
+
+def _families(text: str) -> dict[str, str]:
+    """A Prometheus text scrape's metric families: name -> type."""
+    return dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE "))
+
+
+def test_metrics_answers_a_prometheus_scrape_with_the_model_calls_tokens_and_turns(scraped, make_version, invoke,
+                                                                                    client):
+    invocation = invoke(make_version(TWO_NODES, name="scraped"))
+    assert invocation.status == "completed"
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = response.content.decode()
+    assert _families(text) == {
+        "target_info": "gauge",
+        "lineage_durable_turn_duration_seconds": "histogram",
+        "gen_ai_client_operation_duration_seconds": "histogram",
+        "gen_ai_client_token_usage": "histogram",
+        "lineage_llm_calls_total": "counter",
+        "lineage_llm_cost_USD_total": "counter",
+        "lineage_llm_calls_in_flight": "gauge",
+    }
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line and not line.startswith("#")}
+    scope = 'otel_scope_name="lineage",otel_scope_schema_url="https://opentelemetry.io/schemas/1.37.0",' \
+            'otel_scope_version=""'
+    model = 'gen_ai_provider_name="offline",gen_ai_request_model="offline-directive-v1"'
+    assert samples[f'lineage_llm_calls_total{{{model},lineage_llm_outcome="ok",{scope}}}'] == 2
+    tokens = {kind: value for key, value in samples.items() for kind in ("input", "output")
+              if key.startswith("gen_ai_client_token_usage_sum{") and f'gen_ai_token_type="{kind}"' in key}
+    assert tokens == {"input": invocation.input_tokens, "output": invocation.output_tokens}
+    turns = [key for key in samples if key.startswith("lineage_durable_turn_duration_seconds_count{")]
+    assert any('durable_turn_outcome="completed"' in key and 'durable_workflow="workflows.invoke"' in key
+               for key in turns)
+    # buckets fine enough for quantiles of turns and calls that take milliseconds, and of a few hundred tokens
+    bounds = {name: {key.split('le="')[1].split('"')[0] for key in samples if key.startswith(f"{name}_bucket{{")}
+              for name in ("lineage_durable_turn_duration_seconds", "gen_ai_client_operation_duration_seconds",
+                           "gen_ai_client_token_usage")}
+    assert {"0.01", "0.08", "1.28"} <= bounds["lineage_durable_turn_duration_seconds"]
+    assert {"0.01", "0.08", "1.28"} <= bounds["gen_ai_client_operation_duration_seconds"]
+    assert {"16.0", "64.0", "256.0", "1024.0"} <= bounds["gen_ai_client_token_usage"]
+
+
+def test_metrics_is_not_found_unless_prometheus_scrapes_are_configured(client):
+    assert client.get("/metrics").status_code == 404
+
+
+def test_metrics_asks_for_the_bearer_token_when_one_is_set(scraped, client, settings):
+    settings.METRICS_TOKEN = "s3cret-scrape-token"
+    refused = client.get("/metrics")
+    assert refused.status_code == 401 and refused["WWW-Authenticate"] == 'Bearer realm="metrics"'
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    answered = client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-scrape-token")
+    assert answered.status_code == 200 and answered["Content-Type"].startswith("text/plain; version=0.0.4")
 
 
 class _Receiver(BaseHTTPRequestHandler):
@@ -348,6 +476,72 @@ def test_celery_workers_set_up_tracing_and_continue_the_trace_the_api_started(ot
     # and the instrumentations are on in the workers: their Celery tasks and queries are traced too
     scopes = {scope for _, _, scope in received}
     assert {"opentelemetry.instrumentation.celery", "opentelemetry.instrumentation.psycopg"} <= scopes
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_management_commands_spans_are_exported_before_it_exits(otlp_receiver, make_version):
+    from tests.workflows.workers import test_database_url
+
+    version = make_version(TWO_NODES, name="from the shell")
+    environment = {**os.environ, "DATABASE_URL": test_database_url(), "OTEL_METRICS_EXPORTER": "none",
+                   "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_receiver.server_address[1]}"}
+    result = subprocess.run([sys.executable, "manage.py", "workflow", "run", str(version.pk), "--input",
+                             '{"text": "traced from a command"}'], cwd=ROOT, env=environment, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    names = [name for name, _, scope in _received_spans(otlp_receiver) if scope == telemetry.INSTRUMENTATION_NAME]
+    assert "invoke_workflow from the shell" in names and names.count("chat offline-directive-v1") == 2
+    assert "durable.turn" in names
+
+
+def _free_port_base(offsets) -> int:
+    """A port such that it plus each of `offsets` is free on loopback now."""
+    import random
+    import socket
+
+    for _ in range(50):
+        base = random.randrange(20_000, 60_000)
+        try:
+            for offset in offsets:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", base + offset))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no free ports")
+
+
+def _scrape(port: int, *, timeout: float = 30) -> str:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+                return answer.read().decode()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_each_celery_worker_process_serves_its_own_metrics_on_its_kinds_port(make_version):
+    from tests.workflows.workers import drive_until_ended, split_workers_running
+
+    offsets = (telemetry.SCRAPE_PORT_OFFSETS["worker"], telemetry.SCRAPE_PORT_OFFSETS["llm"])
+    base = _free_port_base(offsets)
+    invocation = invocation_start(version=make_version(TWO_NODES), input={"text": "scraped on workers"})
+    with FakeOpenAIChat() as server, split_workers_running("scraped", server.url("/v1"), OTEL_METRICS_EXPORTER=
+                                                           "prometheus", METRICS_PROMETHEUS_PORT=str(base)):
+        drive_until_ended([invocation], timeout=120)
+        turns, calls = (_families(_scrape(base + offset)) for offset in offsets)
+    assert invocation.status == "completed", invocation.error
+    # the turns ran on the prefork worker's one child (index 0), the model calls on the threads-pool worker
+    assert turns["lineage_durable_turn_duration_seconds"] == "histogram" and "lineage_llm_calls_total" not in turns
+    assert calls["lineage_llm_calls_total"] == "counter" and calls["gen_ai_client_token_usage"] == "histogram"
+    assert "lineage_durable_step_duration_seconds" in calls and "process_resident_memory_bytes" in calls
 
 
 def test_tracing_is_off_unless_configured(make_version, invoke, monkeypatch):
