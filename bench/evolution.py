@@ -59,6 +59,7 @@ DEFAULT_AGENTS = ("Research Analyst", "Content Strategist", "Bug Triage Assistan
 TARGET_LIFT = 0.10
 TARGET_ROLLOUT_SHARE = 1 / 3
 TARGET_GENEALOGY_MS = 20.0
+TEST_TOLERANCE = 1e-4  # fitness points: a test score this close to the one to reach reaches it (rounding)
 CROSSOVERS = 10  # crossovers along the main line of the genealogy, evenly spaced
 BRANCH_LENGTH = 9  # versions of the side branch each crossover merges back
 BRANCH_START = 20  # versions back on the main line where the side branch starts
@@ -282,7 +283,7 @@ def score_run_bests_on_test(result: dict, golden_set) -> None:
 def _reach_on_test(result: dict, wanted: float) -> int | None:
     """The run's cumulative rollouts at the first generation whose run best scores `wanted` on test."""
     return next((g["run_rollouts"] for g in result["generations"]
-                 if g.get("run_best_test") is not None and g["run_best_test"] >= wanted - 1e-6), None)
+                 if g.get("run_best_test") is not None and g["run_best_test"] >= wanted - TEST_TOLERANCE), None)
 
 
 def compare_on_test(gp: dict, reflective: dict) -> dict:
@@ -293,9 +294,11 @@ def compare_on_test(gp: dict, reflective: dict) -> dict:
     if not (gp["held_out"] and reflective["held_out"]) or gp_lift is None or gp_lift <= 0:
         note = "no held-out claim" if not gp["held_out"] else "GP did not lift the test score: nothing to reach"
         return {"gp_test_lift": gp_lift, "met": False, "share_of_gp_rollouts": None, "note": note}
-    gp_needed = _reach_on_test(gp, gp["report"]["best"]["test"])
+    gp_best_test, gp_base_test = gp["report"]["best"]["test"], gp["report"]["base"]["test"]
+    gp_needed = _reach_on_test(gp, gp_best_test)
+    # GP's ratio of test fitnesses, not its rounded lift (the bases score alike: the same agent, the same items)
     base_test = reflective["report"]["base"]["test"]
-    needed = _reach_on_test(reflective, base_test * (1 + gp_lift)) if base_test else None
+    needed = _reach_on_test(reflective, base_test * gp_best_test / gp_base_test) if base_test else None
     share = round(needed / gp_needed, 4) if needed is not None and gp_needed else None
     return {"gp_test_lift": gp_lift, "gp_rollouts_to_test_lift": gp_needed,
             "reflective_test_lift": reflective["test_lift"], "reflective_rollouts_to_gp_test_lift": needed,
