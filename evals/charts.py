@@ -168,8 +168,8 @@ def paired_svg(pairs: list[dict], *, label_a: str, label_b: str, mean_a: float |
     parts.append(f'<text class="ev-legend" x="{PAIR_W / 2:.0f}" y="{PAIR_H - 30}" text-anchor="middle" '
                  f'font-size="11" fill="{AXIS}">{escape(legend)}</text>'
                  f'<text class="ev-legend" x="{PAIR_W / 2:.0f}" y="{PAIR_H - 13}" text-anchor="middle" font-size="11" '
-                 f'fill="{MUTED}"><tspan fill="{UP}">■ higher</tspan>  <tspan fill="{DOWN}">■ lower</tspan>  '
-                 f'<tspan fill="{SAME}">■ equal</tspan>  <tspan fill="{CRITICAL}">■ critical regression</tspan>  '
+                 f'fill="{MUTED}"><tspan fill="{UP}">■</tspan> higher  <tspan fill="{DOWN}">■</tspan> lower  '
+                 f'<tspan fill="{SAME}">■</tspan> equal  <tspan fill="{CRITICAL}">■</tspan> critical regression  '
                  f'(a wider line is several items)</text>')
     if not paired:
         parts.append(f'<text x="{PAIR_W / 2:.0f}" y="{PAIR_TOP + plot_h / 2:.1f}" text-anchor="middle" font-size="13" '

@@ -6,7 +6,7 @@ from django.contrib.auth import get_user_model
 from evals.models import EvalRun
 from evals.services import golden_set_create
 from evolution.models import EvolutionRun
-from tests.browser import assert_fits_the_screen, log_in
+from tests.browser import assert_fits_the_screen, assert_readable, log_in
 from tests.config.test_admin_home import ago, invocation, node_run, runs, version_of
 from workflows.services import workflow_version_activate
 
@@ -66,9 +66,8 @@ def test_operator_opens_the_home_and_follows_a_number_to_its_list(live_server, b
     assert_fits_the_screen(page)
 
     # the admin's dark theme keeps the charts' text and axes readable (they draw in currentColor)
-    page.emulate_media(color_scheme="dark")
-    page.screenshot(path=str(tmp_path / "home-dark.png"), full_page=True)
-    page.emulate_media(color_scheme="light")
+    assert_readable(page)
+    assert_readable(page, dark=True, screenshot=tmp_path / "home-dark.png")
 
     page.click("#home-windows >> text=7 d")
     page.wait_for_selector(".home-window-current >> text=7 d")

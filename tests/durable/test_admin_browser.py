@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from durable.inprocess import run_until_settled
 from durable.services import run_start
-from tests.browser import assert_fits_the_screen, log_in
+from tests.browser import assert_fits_the_screen, assert_readable, log_in
 
 pytestmark = [
     pytest.mark.browser,
@@ -72,6 +72,8 @@ def test_operator_retries_a_failed_run_from_its_page(live_server, failed_run, br
     assert page.locator("#durable-cancel").count() == 0
     page.screenshot(path=str(tmp_path / "durable-run-failed.png"), full_page=True)
     assert_fits_the_screen(page)
+    assert_readable(page)
+    assert_readable(page, dark=True, screenshot=tmp_path / "durable-run-failed-dark.png")
 
     page.click("#durable-retry")
     page.wait_for_selector("ul.messagelist li.success")

@@ -9,7 +9,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from evals.models import GoldenResult
-from tests.browser import assert_fits_the_screen, log_in
+from tests.browser import assert_fits_the_screen, assert_readable, log_in
 from tests.factories import MembershipFactory
 from workflows.services import workflow_version_activate
 
@@ -80,6 +80,8 @@ def test_operator_compares_two_versions_and_promotes_the_better_one(live_server,
     assert page.locator("#ev-results-table th.ev-grader-col").count() >= 1
     page.screenshot(path=str(tmp_path / "eval-run.png"), full_page=True)
     assert_fits_the_screen(page)
+    assert_readable(page)
+    assert_readable(page, dark=True, screenshot=tmp_path / "eval-run-dark.png")
     # its filters: critical items only, then back to all
     page.click("#ev-result-filters a:has-text('Critical only')")
     page.locator("#ev-result-filters a.ev-filter-on:has-text('Critical only')").wait_for()
@@ -120,6 +122,8 @@ def test_operator_compares_two_versions_and_promotes_the_better_one(live_server,
     assert page.locator("#ev-prompt-diff .ev-diff-add").count() >= 1
     page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
     assert_fits_the_screen(page)
+    assert_readable(page)
+    assert_readable(page, dark=True, screenshot=tmp_path / "compare-dark.png")
 
     page.click("#ev-promote")
     page.wait_for_selector(".messagelist .success")

@@ -10,7 +10,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from evolution.models import Generation, Individual
-from tests.browser import assert_fits_the_screen, log_in
+from tests.browser import assert_fits_the_screen, assert_readable, log_in
 from tests.factories import MembershipFactory
 from workflows.services import workflow_version_activate
 
@@ -91,6 +91,8 @@ def test_operator_reads_a_run_follows_the_genealogy_and_promotes_the_best(live_s
     assert graph.locator("a.evo-node-base").count() == 1 and graph.locator("a.evo-node-best").count() == 1
     assert page.locator("#evo-generations-table tr.evo-individual").count() == scene["individuals"]
     page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
+    assert_readable(page)
+    assert_readable(page, dark=True, screenshot=tmp_path / "run-dark.png")
     chart.screenshot(path=str(tmp_path / "fitness.png"))
     graph.screenshot(path=str(tmp_path / "genealogy.png"))
 
