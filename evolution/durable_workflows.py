@@ -317,8 +317,10 @@ class Loop:
 
 def reflect_options() -> dict:
     """The rewriter and the guided operators (evolution.guided) may ask a real model: then breeding and
-    reflecting are steps of the llm queue's worker, not of a turn's (offline, every model is answered in
-    well under a millisecond, in the turn)."""
+    reflecting are steps of the llm queue's worker, not of a turn's. With LLM_PROVIDER=offline every model name
+    resolves to the offline model (llm.names.resolve_model), whatever provider it names and whatever
+    LLM_PROVIDERS configures, so no step can make an HTTP call and both stay in the turn (answered in well
+    under a millisecond)."""
     return {} if settings.LLM_PROVIDER == OFFLINE_PROVIDER else queued_call_options()
 
 

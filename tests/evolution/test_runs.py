@@ -557,6 +557,25 @@ def test_the_usd_budget_binds_between_the_guided_calls_of_one_breed(facts, suppo
     assert run.stop_reason.startswith("USD budget reached") and run.usd_cost == 3 * CALL_USD, run.stop_reason
 
 
+@pytest.mark.parametrize("mode", ["gp", "reflective"])
+def test_offline_a_real_model_named_for_breeding_is_answered_offline_in_the_turn(facts, support_set, support_base,
+                                                                                 evolve, settings, openai_server, mode):
+    """LLM_PROVIDER=offline answers every model name offline (llm/names.py), whatever provider it names: a rewriter
+    and a model pool naming a configured real provider send nothing to it, and breeding stays in the turn."""
+    settings.LLM_PROVIDER = "offline"
+    settings.LLM_PROVIDERS = {"openai": {"base_url": openai_server.url("/v1")},
+                              "local": {"base_url": openai_server.url("/v1")}}
+    settings.EVAL_REWRITER_MODEL = "openai#gpt-4o-mini"
+    settings.EVOLUTION_MODELS = ["local#gpt-4o-mini"]
+    run = evolve(support_base.workflow, support_set, mode=mode, goal=GOAL,
+                 config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2})
+    assert run.status == "completed", run.error
+    assert openai_server.chat_payloads == []
+    bred = StepCheckpoint.objects.filter(run_id=run.durable_run_id, name__regex=r"^(breed|reflect):")
+    assert bred.exists() and set(bred.values_list("queue", flat=True)) == {""}
+    kinds = set(Individual.objects.filter(evolution_run=run).values_list("kind", flat=True))
+    assert not {kind for kind in kinds if kind.startswith("guided_")}
+
 
 def test_a_reflect_step_run_again_reuses_its_rewriters_answer_and_asks_nothing_past_the_budget(
         facts, support_set, support_base, evolve, settings, openai_server):
