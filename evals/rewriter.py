@@ -12,11 +12,16 @@ import copy
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from evals.models import EvalRun, GoldenResult
 from workflows.dsl import END
 from workflows.models import WorkflowVersion
+
+if TYPE_CHECKING:
+    from llm.types import ChatRequest, ChatResponse
 
 MIN_CONFIDENCE = 0.3
 WORST = 5
@@ -75,9 +80,12 @@ def target_node(version: WorkflowVersion, failures: list[GoldenResult]) -> str:
     return finishing[-1] if finishing else version.dsl["entryNodeId"]
 
 
-def propose(*, eval_run: EvalRun, user=None, create: bool = True) -> Proposal:
+def propose(*, eval_run: EvalRun, user=None, create: bool = True,
+            ask: Callable[[ChatRequest], ChatResponse] | None = None) -> Proposal:
     """Propose (and with `create`, write as a candidate version: operation mutation, parent the
-    evaluated version, the changelog as its commit message) a rewrite fixing the run's worst failures."""
+    evaluated version, the changelog as its commit message) a rewrite fixing the run's worst failures.
+    A real rewriter model is asked through `ask` when given (an evolution step's, which keeps the answer for
+    the step's next attempt and checks the run's budget), else straight through llm.chat.chat."""
     from llm.names import resolve_model
     from llm.providers import OFFLINE_PROVIDER
     from workflows.dsl import dsl_hash
@@ -93,7 +101,8 @@ def propose(*, eval_run: EvalRun, user=None, create: bool = True) -> Proposal:
         offline = resolve_model(rewriter_model(node)).provider == OFFLINE_PROVIDER
     except Exception:
         offline = True
-    proposal = offline_proposal(version, node_id, failures) if offline else model_proposal(version, node_id, failures)
+    proposal = (offline_proposal(version, node_id, failures) if offline
+                else model_proposal(version, node_id, failures, ask=ask))
     proposal.node_id = node_id
     if proposal.skipped:
         return proposal
@@ -258,7 +267,8 @@ def rewriter_model(node: dict) -> str:
     return eval_settings().rewriter_model or node["gatewayModelId"]
 
 
-def model_proposal(version: WorkflowVersion, node_id: str, failures: list[GoldenResult]) -> Proposal:
+def model_proposal(version: WorkflowVersion, node_id: str, failures: list[GoldenResult], *,
+                   ask: Callable[[ChatRequest], ChatResponse] | None = None) -> Proposal:
     from durable import wait_alive
     from llm.chat import chat
     from llm.errors import ChatError
@@ -277,7 +287,7 @@ def model_proposal(version: WorkflowVersion, node_id: str, failures: list[Golden
     try:
         # in evolution's reflect step (a queued step) a wait for the provider heartbeats, so the step's
         # clock does not run out and hand it to another worker, which would ask the rewriter again
-        response, _ = chat(request, wait=wait_alive)
+        response = ask(request) if ask is not None else chat(request, wait=wait_alive)[0]
     except ChatError as exc:
         return Proposal(skipped=f"the rewriter's model failed: {exc}", rewriter=model)
     try:

@@ -31,9 +31,12 @@ choices and repeats no evaluation. Stop rules: USD budget, evaluation cap, time 
 (the best fitness improving by less than epsilon in each of the last N generations), or the
 generations done. The USD budget is checked before each evaluation too, and what is left of it is
 shared among the eval runs an evaluation starts, each stopping its items once its share is spent: a
-generation overshoots by at most one item invocation per lane of each eval run (`concurrency`). Every paid call
-counts, whatever became of its eval run. An operator may pause the run (it then waits at the next
-generation boundary for the signal `resume:<boundary>` that evolution_resume sends) or cancel it.
+generation overshoots by at most one item invocation per lane of each eval run (`concurrency`). Breed and reflect
+steps check it before each of their model calls (evolution.guided.StepCalls: the run's spend when the step began
+plus the step's so far), and once it is spent breed nothing more; a step run again after its worker died is
+answered from the calls it paid for. Every paid call counts, once, whatever became of its eval run or step.
+An operator may pause the run (it then waits at the next generation boundary for the signal
+`resume:<boundary>` that evolution_resume sends) or cancel it.
 """
 
 from __future__ import annotations
@@ -214,6 +217,10 @@ class Loop:
             raise BudgetSpent(self.budget_reason())
         return f"{max(budget - self.totals['usd'], Decimal(0)) / count:f}"
 
+    def spent(self) -> str:
+        """The run's spend so far, for a breed or reflect step to check the budget against before each model call."""
+        return f"{self.totals['usd']:f}"
+
     def budget_reason(self) -> str:
         return f"USD budget reached ({usd(self.totals['usd'])} of {usd(self.config['usd_budget'])})"
 
@@ -310,8 +317,10 @@ class Loop:
 
 def reflect_options() -> dict:
     """The rewriter and the guided operators (evolution.guided) may ask a real model: then breeding and
-    reflecting are steps of the llm queue's worker, not of a turn's (offline, every model is answered in
-    well under a millisecond, in the turn)."""
+    reflecting are steps of the llm queue's worker, not of a turn's. With LLM_PROVIDER=offline every model name
+    resolves to the offline model (llm.names.resolve_model), whatever provider it names and whatever
+    LLM_PROVIDERS configures, so no step can make an HTTP call and both stay in the turn (answered in well
+    under a millisecond)."""
     return {} if settings.LLM_PROVIDER == OFFLINE_PROVIDER else queued_call_options()
 
 
@@ -335,7 +344,7 @@ class GeneticProgramming(Loop):
             parents = self.select(population, number)
             bred = self.ctx.step(f"breed:{number}", execution.breed, self.run_id, number,
                                  [{"version_id": v, "eval_run": self.scores[v]["eval_run"]} for v in parents],
-                                 c["population"], **reflect_options())
+                                 c["population"], self.spent(), **reflect_options())
             offspring = self.bred_offspring(bred)
             for child in offspring:
                 self.made.setdefault(child["version_id"], child)
@@ -379,7 +388,7 @@ class Reflective(Loop):
                                       {"version_id": parent, "eval_run": self.scores[parent]["eval_run"]},
                                       None if merge_with is None else
                                       {"version_id": merge_with, "eval_run": self.scores[merge_with]["eval_run"]},
-                                      sorted(self.scores), **reflect_options())
+                                      sorted(self.scores), self.spent(), **reflect_options())
             child = self.reflected_child(reflected)
             if child is not None and child["version_id"] not in self.scores:
                 version = child["version_id"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from django.db import transaction
 from django.db.models import Sum
@@ -18,6 +18,9 @@ from config import telemetry
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
 from evolution.models import EvolutionRun, Generation, Individual
 from workflows.models import WorkflowInvocation, WorkflowVersion
+
+if TYPE_CHECKING:
+    from evolution.guided import StepCalls
 
 
 def now() -> datetime:
@@ -305,68 +308,74 @@ def initial_population(run_id: int) -> list[Member]:
     return members
 
 
-def breed(run_id: int, generation: int, parents: list[Member], count: int) -> Bred:
+def breed(run_id: int, generation: int, parents: list[Member], count: int, spent: str | None = None) -> Bred:
     """{"offspring": `count` offspring of the selected parents ({"version_id", "eval_run"}), "usd": what the
     guided operators' model calls cost}, one draw per child: below the crossover rate a crossover of two
     parents, below crossover + mutation a mutation, else an immigrant; an offspring identical to an
-    existing version is that version."""
-    from llm.usage import usage_meter
-
-    with usage_meter() as meter:
-        offspring = _breed(run_id, generation, parents, count)
-    return {"offspring": offspring, "usd": f"{meter.total.usd_cost:f}"}
-
-
-def _breed(run_id: int, generation: int, parents: list[Member], count: int) -> list[Member]:
-    from evolution import operators
+    existing version is that version. `spent`: the run's spend so far; once it and the breed's calls reach the
+    run's USD budget the breed stops (its next evaluation would not start), with the offspring made until then.
+    Run again after its worker died, it reuses the answers the lost attempt paid for (guided.StepCalls)."""
+    from evolution import guided
 
     run = EvolutionRun.objects.select_related("workflow", "base_version").get(pk=run_id)
+    with guided.step_calls(run, f"breed:{generation}", spent) as calls:
+        offspring = _breed(run, generation, parents, count, calls)
+    return {"offspring": offspring, "usd": f"{calls.usd:f}"}
+
+
+def _breed(run: EvolutionRun, generation: int, parents: list[Member], count: int, calls: StepCalls) -> list[Member]:
+    from evolution import operators
+
     config = run.config
     rng = generator(config["seed"], "breed", generation)
     versions = WorkflowVersion.objects.in_bulk([p["version_id"] for p in parents])
     pool = [(versions[p["version_id"]], p.get("eval_run")) for p in parents if p["version_id"] in versions]
     out, attempts = [], 0
-    while len(out) < count and attempts < count * 6 and pool:
+    while len(out) < count and attempts < count * 6 and pool and not calls.budget_spent():
         attempts += 1
         draw = rng.random()
         if draw < config["crossover_rate"] and len(pool) >= 2:
             (a, a_eval), (b, b_eval) = rng.sample(pool, 2)
-            child, parents_used = _crossover(a, a_eval, b, b_eval, rng), [a, b]
+            child, parents_used = _crossover(a, a_eval, b, b_eval, rng, calls), [a, b]
         elif draw < config["crossover_rate"] + config["mutation_rate"] or len(pool) < 2:
             parent, eval_run_id = pool[rng.randrange(len(pool))]
             child = operators.mutate(parent.dsl, rng, material=_material(run), weights=config.get("mutation_weights"),
                                      iterative=_iterative_for(run, eval_run_id))
             parents_used = [parent]
         else:
-            child, parents_used = _immigrant(run, rng), []
+            child, parents_used = _immigrant(run, rng, calls), []
         if child is None:
             continue
         out.append(_write(run, child, parents_used, generation))
     return out
 
 
-def reflect(run_id: int, iteration: int, parent: Member, merge_with: Member | None, known: list[int]) -> Reflected:
+def reflect(run_id: int, iteration: int, parent: Member, merge_with: Member | None, known: list[int],
+            spent: str | None = None) -> Reflected:
     """{"child": the offspring's record or None, "usd": what the rewriter's model calls cost}: see `_reflect`.
-    The cost counts in the run's spend whether or not a child came of it."""
-    from llm.usage import usage_meter
+    The cost counts in the run's spend whether or not a child came of it. `spent`: the run's spend so far, for
+    its USD budget, checked before each model call; run again after its worker died, the step reuses the answers
+    the lost attempt paid for (guided.StepCalls)."""
+    from evolution import guided
 
-    with usage_meter() as meter:
-        child = _reflect(run_id, iteration, parent, merge_with, known)
-    return {"child": child, "usd": f"{meter.total.usd_cost:f}"}
+    run = EvolutionRun.objects.select_related("workflow", "base_version").get(pk=run_id)
+    with guided.step_calls(run, f"reflect:{iteration}", spent) as calls:
+        child = _reflect(run, iteration, parent, merge_with, known, calls)
+    return {"child": child, "usd": f"{calls.usd:f}"}
 
 
-def _reflect(run_id: int, iteration: int, parent: Member, merge_with: Member | None,
-             known: list[int]) -> Member | None:
+def _reflect(run: EvolutionRun, iteration: int, parent: Member, merge_with: Member | None,
+             known: list[int], calls: StepCalls) -> Member | None:
     """Reflective mode's offspring of a frontier version: with `merge_with` a crossover of the two (they
     improved different items); otherwise the evals rewriter reading the parent's failing items (their
     invocations, messages and grader rationales), falling back to a prompt mutation, any mutation, then
     an immigrant when it has nothing new to this run (`known`: the versions it has scored; deciding on
     that, not on whether a version was just created, makes a re-executed step return the same child).
-    None when nothing new comes out."""
+    None when nothing new comes out, or when the run's USD budget is spent before the rewriter is asked (the
+    child would not be scored)."""
     from evals.rewriter import propose
     from evolution import operators
 
-    run = EvolutionRun.objects.select_related("workflow", "base_version").get(pk=run_id)
     rng = generator(run.config["seed"], "reflect", iteration)
     versions = WorkflowVersion.objects.in_bulk([parent["version_id"]] + ([merge_with["version_id"]]
                                                                          if merge_with else []))
@@ -378,14 +387,16 @@ def _reflect(run_id: int, iteration: int, parent: Member, merge_with: Member | N
 
     if merge_with is not None:
         father = versions[merge_with["version_id"]]
-        child = _crossover(mother, parent.get("eval_run"), father, merge_with.get("eval_run"), rng)
+        child = _crossover(mother, parent.get("eval_run"), father, merge_with.get("eval_run"), rng, calls)
         if child is not None:
             record = _write(run, child, [mother, father], iteration)
             if new(record):
                 return record
+    if calls.budget_spent():
+        return None
     eval_run = EvalRun.objects.filter(pk=parent.get("eval_run")).first()
     if eval_run is not None:
-        proposal = propose(eval_run=eval_run, user=run.created_by, create=False)
+        proposal = propose(eval_run=eval_run, user=run.created_by, create=False, ask=calls.ask)
         if not proposal.skipped and proposal.dsl is not None:
             offspring = operators.Offspring(dsl=proposal.dsl, operation="mutation", kind="iterative",
                                             note="; ".join(proposal.changelog))
@@ -399,33 +410,35 @@ def _reflect(run_id: int, iteration: int, parent: Member, merge_with: Member | N
             record = _write(run, child, [mother], iteration)
             if new(record):
                 return record
-    record = _write(run, _immigrant(run, rng), [], iteration)
+    record = _write(run, _immigrant(run, rng, calls), [], iteration)
     return record if new(record) else None
 
 
 def _crossover(mother: WorkflowVersion, mother_eval: int | None, father: WorkflowVersion, father_eval: int | None,
-               rng):
-    """With a real model (evolution.guided), the parents' prompts merged given the items each won; else, or
-    when the model gave nothing usable, the structural crossover."""
+               rng, calls: StepCalls | None = None):
+    """With a real model (evolution.guided, asked through the step's `calls`), the parents' prompts merged given
+    the items each won; else, or when the model gave nothing usable or the budget is spent, the structural
+    crossover."""
     from evolution import guided, operators
 
     model = guided.guide_model(mother.dsl)
-    if model is not None:
-        child = guided.merged_crossover(mother.dsl, father.dsl, _wins(mother_eval, father_eval), model)
+    if model is not None and (calls is None or not calls.budget_spent()):
+        child = guided.merged_crossover(mother.dsl, father.dsl, _wins(mother_eval, father_eval), model,
+                                        ask=None if calls is None else calls.ask)
         if child is not None:
             return child
     return operators.crossover(mother.dsl, father.dsl, rng)
 
 
-def _immigrant(run: EvolutionRun, rng):
-    """With a real model and a goal, the base's prompts written afresh from the goal; else a structural
-    immigrant."""
+def _immigrant(run: EvolutionRun, rng, calls: StepCalls):
+    """With a real model (asked through the step's `calls`) and a goal, the base's prompts written afresh from
+    the goal; else, or when the budget is spent, a structural immigrant."""
     from evolution import guided, operators
 
     base = run.base_version.dsl
     model = guided.guide_model(base)
-    if model is not None and run.goal_text.strip():
-        child = guided.written_immigrant(base, run.goal_text, model)
+    if model is not None and run.goal_text.strip() and not calls.budget_spent():
+        child = guided.written_immigrant(base, run.goal_text, model, ask=calls.ask)
         if child is not None:
             return child
     return operators.immigrant(base, rng, material=_material(run))

@@ -2,13 +2,14 @@
 determinism, stop rules, pause and resume, cancel."""
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.utils import timezone
 
 from durable import tick
 from durable.inprocess import run_until_settled
-from durable.models import DurableRun
+from durable.models import DurableRun, StepCheckpoint
 from evolution import execution
 from evolution.models import EvolutionRun, Generation, Individual
 from evolution.services import EvolutionError, evolution_cancel, evolution_pause, evolution_resume, evolution_start
@@ -152,17 +153,23 @@ def die_after(monkeypatch, name: str, *, when=lambda args: True, times: int = 1)
             raise WorkerDied(name)
         return result
 
+    # named as the function it replaces, so a queued step (breeding with a real model) resolves its path to it
+    step.__module__, step.__qualname__ = real.__module__, real.__qualname__
     monkeypatch.setattr(execution, name, step)
     return deaths
 
 
 def drive_through_crashes(run: EvolutionRun, *, crashes: int = 1) -> EvolutionRun:
+    """Drive the run; each time the worker dies, expire the lease (a turn's) or the step's clock (a queued
+    step's) and let the tick's recovery or timeout pass hand the work to a fresh worker."""
     for _ in range(crashes + 1):
         try:
             run_until_settled(run.durable_run_id, max_wait=300)
         except WorkerDied:
-            DurableRun.objects.filter(status="running").update(locked_until=timezone.now() - timedelta(hours=1))
-            assert tick.recover_expired_leases() >= 1
+            past = timezone.now() - timedelta(hours=1)
+            DurableRun.objects.filter(status="running").update(locked_until=past)
+            StepCheckpoint.objects.filter(status="running", queue__gt="").update(timeout_at=past)
+            assert tick.recover_expired_leases() + tick.time_out_silent_steps() >= 1
             continue
         break
     run.refresh_from_db()
@@ -481,3 +488,119 @@ def test_a_reflect_step_counts_what_its_rewriter_model_cost(facts, support_set, 
     spent = cost_usd("gpt-4.1-mini", provider="openai", input_tokens=1000, output_tokens=500)
     assert spent > 0 and Decimal(reflected["usd"]) == spent
     assert reflected["child"]["version_id"] != support_base.pk and reflected["child"]["kind"] == "iterative"
+
+
+# ------------------------------------------------------------------------------------------ a real model breeding
+
+CALL_USD = Decimal("0.015")  # a guided call's 10 + 5 tokens (the local server's usage) at $1000 per million
+IMMIGRANTS = {"population": 2, "generations": 2, "seed": 7, "crossover_rate": 0.0, "mutation_rate": 0.0}
+GOAL = "Answer support questions from the knowledge base."
+
+
+@pytest.fixture
+def guided_online(settings, openai_server):
+    """A real model (the local OpenAI-compatible server, priced) writes the guided offspring; the workflow's own
+    nodes, and the model mutation's pool, stay on the offline model, so the server sees only breeding's calls."""
+    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+    settings.OPENAI_BASE_URL = openai_server.url("/v1")
+    settings.EVAL_REWRITER_MODEL = "gpt-4.1-mini"
+    settings.EVOLUTION_MODELS = ["offline-directive-v1"]
+    settings.LLM_PRICES = {"openai#gpt-4.1-mini": {"input": 1000, "output": 1000}}
+    return openai_server
+
+
+@pytest.fixture
+def offline_base(make_version):
+    return make_version(graph("agent", node("agent", prompt="You are a helpful support agent.",
+                                            model="offline-directive-v1")), name="support")
+
+
+def immigrant_requests(server) -> list[dict]:
+    from evolution.guided import IMMIGRANT_PROMPT
+
+    return [p for p in server.chat_payloads if p["messages"][0]["content"] == IMMIGRANT_PROMPT]
+
+
+def written(prompt: str) -> dict:
+    import json
+
+    return {"content": json.dumps({"prompts": {"agent": prompt}, "rationale": "from the goal"})}
+
+
+def test_a_breed_run_again_after_a_crash_reuses_the_answers_it_paid_for(facts, support_set, offline_base,
+                                                                        guided_online, monkeypatch):
+    """The worker dies right after the breed wrote its guided immigrants, before its checkpoint: the retried
+    attempt asks the model nothing it already paid for, counts each paid call once, and breeds the same
+    versions (none left behind by the lost attempt)."""
+    guided_online.chat_replies = [written(f"You answer support questions, take {n}.") for n in range(1, 5)]
+    deaths = die_after(monkeypatch, "breed")
+    run = evolution_start(workflow=offline_base.workflow, golden_set=support_set, config=IMMIGRANTS, goal=GOAL)
+    run = drive_through_crashes(run, crashes=1)
+    assert deaths and run.status == "completed", run.error
+    assert len(immigrant_requests(guided_online)) == 2  # one per offspring, across both attempts
+    assert run.usd_cost == 2 * CALL_USD
+    bred = set(WorkflowVersion.objects.filter(workflow=offline_base.workflow, generation=1)
+               .values_list("pk", flat=True))
+    kept = set(Individual.objects.filter(evolution_run=run, generation__number=1, kind="guided_immigrant")
+               .values_list("workflow_version_id", flat=True))
+    assert len(bred) == 2 and bred == kept
+
+
+def test_the_usd_budget_binds_between_the_guided_calls_of_one_breed(facts, support_set, offline_base,
+                                                                    guided_online, evolve):
+    """Four guided immigrants to breed at $0.015 a call under a $0.04 budget: the third call reaches the budget, the
+    fourth is never asked, and the run says the budget stopped it."""
+    run = evolve(offline_base.workflow, support_set, goal=GOAL,
+                 config={**IMMIGRANTS, "population": 4, "generations": 3, "usd_budget": 0.04})
+    assert run.status == "completed", run.error
+    assert len(immigrant_requests(guided_online)) == 3
+    assert run.stop_reason.startswith("USD budget reached") and run.usd_cost == 3 * CALL_USD, run.stop_reason
+
+
+@pytest.mark.parametrize("mode", ["gp", "reflective"])
+def test_offline_a_real_model_named_for_breeding_is_answered_offline_in_the_turn(facts, support_set, support_base,
+                                                                                 evolve, settings, openai_server, mode):
+    """LLM_PROVIDER=offline answers every model name offline (llm/names.py), whatever provider it names: a rewriter
+    and a model pool naming a configured real provider send nothing to it, and breeding stays in the turn."""
+    settings.LLM_PROVIDER = "offline"
+    settings.LLM_PROVIDERS = {"openai": {"base_url": openai_server.url("/v1")},
+                              "local": {"base_url": openai_server.url("/v1")}}
+    settings.EVAL_REWRITER_MODEL = "openai#gpt-4o-mini"
+    settings.EVOLUTION_MODELS = ["local#gpt-4o-mini"]
+    run = evolve(support_base.workflow, support_set, mode=mode, goal=GOAL,
+                 config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2})
+    assert run.status == "completed", run.error
+    assert openai_server.chat_payloads == []
+    bred = StepCheckpoint.objects.filter(run_id=run.durable_run_id, name__regex=r"^(breed|reflect):")
+    assert bred.exists() and set(bred.values_list("queue", flat=True)) == {""}
+    kinds = set(Individual.objects.filter(evolution_run=run).values_list("kind", flat=True))
+    assert not {kind for kind in kinds if kind.startswith("guided_")}
+
+
+def test_a_reflect_step_run_again_reuses_its_rewriters_answer_and_asks_nothing_past_the_budget(
+        facts, support_set, support_base, evolve, settings, openai_server):
+    """The reflect step's attempt that died before its checkpoint paid the rewriter: the next attempt is answered
+    from what it paid for (the same child, the same cost counted); a reflect once the budget is spent asks nothing."""
+    import json
+
+    from evals.models import EvalRun
+
+    run = evolve(support_base.workflow, support_set, mode="reflective",
+                 config={"population": 2, "generations": 1, "seed": 1, "minibatch": 2})
+    base_eval = EvalRun.objects.filter(workflow_version=support_base).order_by("pk").first()
+    settings.LLM_PROVIDER, settings.OPENAI_API_KEY = "openai", "sk-test"
+    settings.OPENAI_BASE_URL = openai_server.url("/v1")
+    settings.EVAL_REWRITER_MODEL = "gpt-4.1-mini"
+    settings.LLM_PRICES = {"openai#gpt-4.1-mini": {"input": 1000, "output": 1000}}
+    openai_server.chat_replies = [{"content": json.dumps({"improved_prompt": prompt, "confidence": 0.9,
+                                                          "changelog": ["look the facts up"]})}
+                                  for prompt in ("You are a support agent. Call knowledge_search before answering.",
+                                                 "You are a support agent. Answer in one sentence.")]
+    parent = {"version_id": support_base.pk, "eval_run": base_eval.pk}
+    first = execution.reflect(run.pk, 9, parent, None, [support_base.pk], "0")
+    again = execution.reflect(run.pk, 9, parent, None, [support_base.pk], "0")
+    assert len(openai_server.chat_payloads) == 1
+    assert again["child"]["version_id"] == first["child"]["version_id"] and first["child"]["kind"] == "iterative"
+    assert Decimal(again["usd"]) == Decimal(first["usd"]) == CALL_USD
+    spent = execution.reflect(run.pk, 10, parent, None, [support_base.pk], "10")  # the run's whole $10 budget
+    assert spent == {"child": None, "usd": "0"} and len(openai_server.chat_payloads) == 1
