@@ -19,8 +19,8 @@ from django.utils.safestring import SafeString
 from config.svg import AXIS, BLUE, GREEN, MUTED, RED, clip, number, svg, x_axis, y_axis
 
 SERIES_COLOURS = (BLUE, GREEN, "#8a5a00", "#7a2a80", RED, "#2a7f86")
-TREND_W, TREND_H = 720, 250
-LEFT, RIGHT, TOP, BOTTOM = 56, 24, 18, 78
+TREND_W, TREND_H = 640, 250
+LEFT, RIGHT, TOP, BOTTOM = 56, 40, 18, 78  # room on the right for the last date
 LEGEND_SETS, LEGEND_COLUMNS = 6, 3  # sets named in the legend (more share the last colour), in rows of 3
 
 
@@ -50,7 +50,7 @@ def score_trend_svg(runs: list[dict], *, title: str = "Eval scores over time") -
     if span:
         ticks = [(LEFT + plot_w * step / 4, _moment(first + (last - first) * step / 4, with_time=with_time))
                  for step in range(5)]
-    parts.append(x_axis("wf-trend", ticks, left=LEFT, right=LEFT + plot_w, bottom=bottom, title="eval run",
+    parts.append(x_axis("wf-trend", ticks, left=LEFT, right=LEFT + plot_w, bottom=bottom, title="date of the eval run",
                         title_y=bottom + 34))
     series: dict[int, list[dict]] = {}
     for run in runs:
