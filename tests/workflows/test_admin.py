@@ -869,6 +869,14 @@ def test_workflow_page_shows_its_versions_active_marked_its_invocations_and_its_
     assert (recent["total"], recent["failed"], recent["ended"], recent["failure_rate"], recent["usd_cost"]) == (
         "3", "1", "2", "50%", "$0.0150")
     assert re.search(r'id="wf-recent-failed"><a href="[^"]*status__exact=failed">1</a> of 2 ended \(50%\)', html)
+    # each number opens the list of what it counts
+    def listed(url):
+        return {row.pk for row in staff_client.get(url.replace("&amp;", "&")).context["cl"].result_list}
+
+    workflow_version_create(workflow=workflow_create(workspace=workflow.workspace, name="other"), dsl=cyclic_dsl())
+    assert listed(response.context["versions_url"]) == {first.pk, second.pk, third.pk}
+    assert listed(response.context["recent_url"]) == {done.pk, failed.pk, running.pk}
+    assert listed(response.context["recent_failed_url"]) == {failed.pk}
     # the trend: the two full-set runs, oldest first, the set's name escaped
     svg = str(response.context["trend_svg"])
     assert re.findall(r'data-score="([0-9.]+)"', svg) == ["0.500", "0.750"]
@@ -1138,3 +1146,22 @@ def test_version_page_query_count_does_not_grow_with_invocations_or_eval_runs(st
                         ended=timezone.now(), usd_cost=Decimal("0.01"))
         eval_run(version, golden, index / 15)
     assert count_queries(staff_client, url) == small
+
+
+def test_the_version_pages_escape_the_schema_the_dsl_and_its_errors(staff_client, workflow):
+    version = runnable_version(workflow, inputSchema={"type": "object", "properties": {
+        XSS_ID: {"type": "string", "title": XSS_PROMPT, "description": XSS_PROMPT},
+        "tone": {"enum": [XSS_ID]}}})
+    run = staff_client.get(reverse("admin:workflows_workflowversion_run", args=[version.pk])).content.decode()
+    edit_url = reverse("admin:workflows_workflowversion_edit", args=[version.pk])
+    dsl = json.loads(json.dumps(version.dsl))
+    dsl["nodes"][0]["handOffs"] = [XSS_ID]
+    refused = staff_client.post(edit_url, {"dsl": json.dumps(dsl), "commit_message": XSS_PROMPT}).content.decode()
+    other = workflow_version_create(workflow=workflow_create(workspace=workflow.workspace, name="other"),
+                                    dsl=cyclic_dsl())[0]
+    diff = staff_client.get(reverse("admin:workflows_workflowversion_diff", args=[version.pk])
+                            + f"?against={other.pk}")
+    assert diff.status_code == 400  # a version of another workflow
+    for html in (run, refused, staff_client.get(edit_url).content.decode(), diff.content.decode()):
+        assert XSS_ID not in html and XSS_PROMPT not in html
+    assert "&lt;script&gt;alert(&quot;id&quot;)&lt;/script&gt;" in run and "unknown hand-off target" in refused
