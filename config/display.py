@@ -115,3 +115,19 @@ def durable_run_link(run_id: str | None):
         return "-"
     return format_html('<a href="{}">{}</a>', reverse("admin:durable_durablerun_change", args=[quote(run_id)]),
                        run_id)
+
+
+def diff_lines(lines: list[str], *, prefix: str) -> list[tuple[str, str]]:
+    """A unified diff's lines with the class that colours them: `<prefix>-diff-add`, `-del`, `-hunk` (the file
+    and hunk headers) or none (context)."""
+    kinds = []
+    for line in lines:
+        if line.startswith(("+++", "---", "@@")):
+            kinds.append((f"{prefix}-diff-hunk", line))
+        elif line.startswith("+"):
+            kinds.append((f"{prefix}-diff-add", line))
+        elif line.startswith("-"):
+            kinds.append((f"{prefix}-diff-del", line))
+        else:
+            kinds.append(("", line))
+    return kinds

@@ -19,7 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from config.display import excerpt
+from config.display import diff_lines, excerpt
 from config.display import score as score_text
 from evals import charts, importing
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
@@ -375,23 +375,8 @@ def output_view(text: str | None) -> dict:
 def node_changes(changes: dict) -> list[dict]:
     """The nodes that differ between the compared versions: how, which fields, their prompt's diff."""
     return [{"node": node_id, "change": change["change"], "fields": change.get("fields", []),
-             "lines": diff_lines(change.get("prompt_diff", []))}
+             "lines": diff_lines(change.get("prompt_diff", []), prefix="ev")}
             for node_id, change in changes["nodes"].items() if change["change"] != "same"]
-
-
-def diff_lines(lines: list[str]) -> list[tuple[str, str]]:
-    """A unified diff's lines with the class that colours them (added, removed, hunk header, context)."""
-    kinds = []
-    for line in lines:
-        if line.startswith(("+++", "---")):
-            kinds.append(("ev-diff-hunk", line))
-        elif line.startswith("+"):
-            kinds.append(("ev-diff-add", line))
-        elif line.startswith("-"):
-            kinds.append(("ev-diff-del", line))
-        else:
-            kinds.append(("ev-diff-hunk" if line.startswith("@@") else "", line))
-    return kinds
 
 
 def previous_label(version) -> str:

@@ -1,9 +1,13 @@
 """Workflows in the admin, scoped to the staff user's workspaces (superusers see every workspace).
 
-- Workflows: name and description editable.
-- Versions: read-only history. The change page draws the graph (server-rendered SVG,
-  workflows/graph.py), lists the nodes, the unresolved tools and the genealogy (parents and
-  children), and shows the DSL as pretty JSON.
+- Workflows: name and description editable. The list shows each one's active version and its
+  invocations of the last 7 days; the change page, above the form, its newest versions (the active one
+  marked), its eval score trend (server-rendered SVG, workflows/charts.py), its newest invocations and
+  its cost and failure rate over the last 7 days.
+- Versions: read-only history. The change page shows the version's invocation stats and latest eval,
+  draws the graph (server-rendered SVG, workflows/graph.py), lists the nodes, the unresolved tools and
+  the genealogy (parents and children), and shows the DSL as pretty JSON. Its own pages (diff with a
+  parent, run on an input, edit as a new version) are in workflows/admin_views.py.
 - Invocations: read-only. The change page shows the totals, the payloads, a link to the durable run,
   a per-node timeline and each node's messages; a node waiting for approval gets Approve / Reject
   buttons and an active invocation a Cancel button (POST views that call workflows.services).
@@ -19,7 +23,9 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 from pathlib import PurePosixPath
+from urllib.parse import quote_plus
 
 from django import forms
 from django.contrib import admin, messages
@@ -27,16 +33,30 @@ from django.contrib.admin.utils import quote, unquote
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import models
-from django.db.models import BooleanField, Count, DurationField, ExpressionWrapper, F, Prefetch, Q
+from django.db.models import BooleanField, Count, DurationField, ExpressionWrapper, F, OuterRef, Prefetch, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.http import FileResponse, Http404
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
-from config.display import clipped, durable_run_link, excerpt, json_html, number_field, pretty_json, status_badge, usd
+from config.display import (
+    clipped,
+    durable_run_link,
+    excerpt,
+    json_html,
+    moment,
+    number_field,
+    percent,
+    pretty_json,
+    score,
+    status_badge,
+    usd,
+)
 from config.display import seconds as seconds_text
-from workflows import graph, services
+from workflows import charts, graph, selectors, services
+from workflows.admin_views import VersionViews
 from workflows.models import (
     ContextEntry,
     LlmCall,
@@ -72,17 +92,50 @@ def change_link(model_name: str, pk, label) -> str:
 
 # ------------------------------------------------------------------------------------------ workflows
 
+WORKFLOW_VERSIONS_SHOWN = 50  # newest versions on a workflow's page; the version list has them all
+WORKFLOW_INVOCATIONS_SHOWN = 20
+TREND_RUNS = 100  # eval runs drawn in a workflow's score trend, newest
+RECENT = timedelta(days=7)  # the window of a workflow's cost and failure rate
+VERSION_STATS_LIMIT = 1000  # a version's stats are of its latest invocations
+
+
 @admin.register(Workflow)
 class WorkflowAdmin(WorkspaceScopedAdmin, admin.ModelAdmin):
-    list_display = ("name", "workspace", "owner", "created_at")
+    list_display = ("name", "workspace", "active_version", "invocations_recent", "owner", "created_at")
     list_filter = [("workspace", admin.RelatedOnlyFieldListFilter)]  # only workspaces the user sees
     list_select_related = ("workspace", "owner")
     search_fields = ("name", "description")
     raw_id_fields = ("owner",)
+    change_form_template = "admin/workflows/workflow/change_form.html"
+
+    def get_queryset(self, request):
+        # each a subquery per listed row: the one-active-version index, and the invocations' version index
+        active = WorkflowVersion.objects.filter(workflow=OuterRef("pk"), status=WorkflowVersion.Status.ACTIVE)
+        recent = (WorkflowInvocation.objects.filter(workflow_version__workflow=OuterRef("pk"),
+                                                    created_at__gte=timezone.now() - RECENT)
+                  .order_by().values("workflow_version__workflow").annotate(count=Count("pk")).values("count"))
+        return super().get_queryset(request).annotate(
+            active_version_pk=Subquery(active.values("pk")[:1]), active_version_hash=Subquery(active.values(
+                "dsl_hash")[:1]), invocation_count=Coalesce(Subquery(recent), 0))
+
+    @admin.display(description="active version")
+    def active_version(self, workflow):
+        if workflow.active_version_pk is None:
+            return "-"
+        return change_link("workflowversion", workflow.active_version_pk, workflow.active_version_hash[:12])
+
+    @admin.display(description="invocations (7 d)", ordering="invocation_count")
+    def invocations_recent(self, workflow):
+        return f"{workflow.invocation_count:,}"
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if obj is not None:
+            context.update(workflow_page(obj))
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
 
 @admin.register(WorkflowVersion)
-class WorkflowVersionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
+class WorkflowVersionAdmin(VersionViews, WorkspaceScopedAdmin, ReadOnlyAdmin):
     workspace_field = "workflow__workspace"
     list_display = ("short_hash", "workflow", "status", "operation", "generation", "commit_message", "avg_score_text",
                     "pass_rate_text", "created_at")
@@ -163,7 +216,72 @@ class WorkflowVersionAdmin(WorkspaceScopedAdmin, ReadOnlyAdmin):
             "children_truncated": len(children) > CHILDREN_LIMIT,
             "children_limit": CHILDREN_LIMIT,
             "dsl_text": pretty_json(version.dsl),
+            "stats": version_stats(version),
+            **self.version_links(request, version),
         }
+
+
+def invocation_stats_view(stats: selectors.InvocationStats) -> dict:
+    return {"total": f"{stats.total:,}", "ended": f"{stats.ended:,}", "failed": f"{stats.failed:,}",
+            "failure_rate": percent(stats.failure_rate), "usd_cost": usd(stats.usd_cost),
+            "avg_usd_cost": usd(stats.avg_usd_cost), "avg_duration": seconds_text(stats.avg_seconds)}
+
+
+def invocation_duration(invocation) -> str:
+    if invocation.started_at is None:
+        return "-"
+    if invocation.ended_at is None:
+        return f"{seconds_text((timezone.now() - invocation.started_at).total_seconds())} so far"
+    return seconds_text((invocation.ended_at - invocation.started_at).total_seconds())
+
+
+def workflow_page(workflow: Workflow) -> dict:
+    """What a workflow's change page shows above its form: its newest versions, its score trend, its newest
+    invocations and its last 7 days (four queries whatever the rows)."""
+    since = timezone.now() - RECENT
+    versions = selectors.workflow_versions_recent(workflow_id=workflow.pk, limit=WORKFLOW_VERSIONS_SHOWN + 1)
+    invocations = selectors.workflow_invocations_recent(workflow=workflow, limit=WORKFLOW_INVOCATIONS_SHOWN)
+    runs = selectors.workflow_eval_scores(workflow=workflow, limit=TREND_RUNS)
+    invocation_list = reverse("admin:workflows_workflowinvocation_changelist")
+    window = f"workflow={workflow.pk}&created_at__gte={quote_plus(since.isoformat())}"
+    return {
+        "versions": [{
+            "url": reverse("admin:workflows_workflowversion_change", args=[version.pk]),
+            "hash": version.dsl_hash[:12], "operation": version.get_operation_display(),
+            "status": version.status, "status_label": version.get_status_display(),
+            "active": version.status == WorkflowVersion.Status.ACTIVE, "generation": version.generation,
+            "avg_score": score(version.avg_score), "pass_rate": percent(version.pass_rate),
+            "created_at": moment(version.created_at), "message": excerpt(version.commit_message, 120),
+        } for version in versions[:WORKFLOW_VERSIONS_SHOWN]],
+        "versions_truncated": len(versions) > WORKFLOW_VERSIONS_SHOWN,
+        "versions_shown": WORKFLOW_VERSIONS_SHOWN,
+        "versions_url": reverse("admin:workflows_workflowversion_changelist") + f"?workflow__id__exact={workflow.pk}",
+        "invocations": [{
+            "id": invocation.pk, "url": reverse("admin:workflows_workflowinvocation_change", args=[invocation.pk]),
+            "version": invocation.version_hash[:12],
+            "version_url": reverse("admin:workflows_workflowversion_change", args=[invocation.workflow_version_id]),
+            "status": status_badge(invocation.status, invocation.get_status_display()),
+            "cost": usd(invocation.usd_cost), "duration": invocation_duration(invocation),
+            "created_at": moment(invocation.created_at),
+        } for invocation in invocations],
+        "invocations_url": f"{invocation_list}?workflow={workflow.pk}",
+        "recent": invocation_stats_view(selectors.workflow_invocation_stats(workflow=workflow, since=since)),
+        "recent_url": f"{invocation_list}?{window}",
+        "recent_failed_url": f"{invocation_list}?{window}&status__exact={WorkflowInvocation.Status.FAILED}",
+        "trend_svg": charts.score_trend_svg(runs, title=f"Eval scores of {workflow.name}'s versions"),
+        "trend_runs": len(runs), "trend_limit": TREND_RUNS,
+    }
+
+
+def version_stats(version: WorkflowVersion) -> dict:
+    """A version's invocation totals (of its latest VERSION_STATS_LIMIT) and its latest eval (two queries)."""
+    stats = selectors.version_invocation_stats(version_id=version.pk, limit=VERSION_STATS_LIMIT)
+    latest = selectors.version_latest_eval(version_id=version.pk)
+    return {**invocation_stats_view(stats), "capped": stats.total >= VERSION_STATS_LIMIT,
+            "limit": f"{VERSION_STATS_LIMIT:,}",
+            "eval": {**latest, "score": score(latest["avg_score"]), "pass_rate": percent(latest["pass_rate"]),
+                     "at": moment(latest["at"]), "url": reverse("admin:evals_evalrun_change", args=[latest["pk"]])}
+            if latest else None}
 
 
 # ---------------------------------------------------------------------------------------- invocations

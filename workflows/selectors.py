@@ -5,15 +5,17 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 
 from django.contrib.postgres.aggregates import StringAgg
-from django.db.models import BigIntegerField, Count, DecimalField, Q, Sum
+from django.db.models import Avg, BigIntegerField, Count, DecimalField, DurationField, F, Q, QuerySet, Sum
+from django.db.models.expressions import ExpressionWrapper
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 
 from workflows import dsl as dsl_module
-from workflows.models import Message, VersionActivation, WorkflowVersion
+from workflows.models import Message, VersionActivation, WorkflowInvocation, WorkflowVersion
 
 NODE_FIELDS_COMPARED = ("description", "gatewayModelId", "mcpTools", "codeTools", "handOffs", "handOffType",
                         "waitFor", "skills", "maxSteps", "requiresApproval")
@@ -182,3 +184,104 @@ def node_calls(*, invocation_id: int, node_ids=None) -> dict[int, NodeCalls]:
         calls=row["calls"], cache_hits=row["cache_hits"], input_tokens=row["input_tokens"] or 0,
         output_tokens=row["output_tokens"] or 0, usd_cost=row["usd_cost"] or Decimal(0), models=row["models"])
         for row in rows}
+
+
+# ------------------------------------------------------------------------------ invocation statistics
+
+@dataclass(frozen=True)
+class InvocationStats:
+    """Totals of a set of invocations: how many, how many ended and failed, what they cost, how long they took."""
+
+    total: int
+    ended: int
+    failed: int
+    usd_cost: Decimal
+    avg_usd_cost: Decimal | None
+    avg_seconds: float | None
+
+    @property
+    def failure_rate(self) -> float | None:
+        """Failed among the ended ones (a running invocation has not failed yet)."""
+        return self.failed / self.ended if self.ended else None
+
+
+def invocation_stats(invocations: QuerySet) -> InvocationStats:
+    """One aggregate over `invocations` (the caller bounds them: a time window, a slice of ids)."""
+    row = invocations.order_by().aggregate(
+        total=Count("pk"), ended=Count("pk", filter=Q(status__in=WorkflowInvocation.TERMINAL)),
+        failed=Count("pk", filter=Q(status=WorkflowInvocation.Status.FAILED)),
+        total_cost=Sum("usd_cost"), mean_cost=Avg("usd_cost"),
+        avg_duration=Avg(ExpressionWrapper(F("ended_at") - F("started_at"), output_field=DurationField()),
+                         filter=Q(started_at__isnull=False, ended_at__isnull=False)))
+    duration = row["avg_duration"]
+    return InvocationStats(total=row["total"], ended=row["ended"], failed=row["failed"],
+                           usd_cost=row["total_cost"] or Decimal(0), avg_usd_cost=row["mean_cost"],
+                           avg_seconds=duration.total_seconds() if duration is not None else None)
+
+
+def workflow_invocation_stats(*, workflow, since: datetime) -> InvocationStats:
+    """The invocations of `workflow`'s versions created since `since` (workflows_inv_ws_created_idx: a range of
+    the workflow's workspace)."""
+    return invocation_stats(WorkflowInvocation.objects.filter(
+        workspace_id=workflow.workspace_id, workflow_version__workflow_id=workflow.pk, created_at__gte=since))
+
+
+def version_invocation_stats(*, version_id: int, limit: int) -> InvocationStats:
+    """The latest `limit` invocations of a version (workflows_inv_version_idx); a total of `limit` means
+    `limit` or more."""
+    latest = WorkflowInvocation.objects.filter(workflow_version_id=version_id).order_by("-created_at") \
+        .values("pk")[:limit]
+    return invocation_stats(WorkflowInvocation.objects.filter(pk__in=latest))
+
+
+def workflow_invocations_recent(*, workflow, limit: int) -> list[WorkflowInvocation]:
+    """The newest invocations of `workflow`'s versions, without their payloads, each with its version's hash
+    (workflows_inv_ws_created_idx)."""
+    return list(WorkflowInvocation.objects.filter(workspace_id=workflow.workspace_id,
+                                                  workflow_version__workflow_id=workflow.pk)
+                .annotate(version_hash=F("workflow_version__dsl_hash"))
+                .only("pk", "status", "usd_cost", "started_at", "ended_at", "created_at", "workflow_version_id")
+                .order_by("-created_at", "-pk")[:limit])
+
+
+def workflow_versions_recent(*, workflow_id: int, limit: int) -> list[WorkflowVersion]:
+    """The newest versions of a workflow without their DSL (the (workflow, dsl_hash) index finds them)."""
+    return list(WorkflowVersion.objects.filter(workflow_id=workflow_id)
+                .only("pk", "dsl_hash", "operation", "status", "avg_score", "pass_rate", "commit_message",
+                      "created_at", "generation")
+                .order_by("-created_at", "-pk")[:limit])
+
+
+# ------------------------------------------------------------------------------------------ eval scores
+
+def _eval_runs() -> QuerySet:
+    """The eval runs of versions. `evals` sits above this app, which reaches its model through the link
+    evals made to WorkflowVersion (no import of evals)."""
+    return WorkflowVersion._meta.get_field("eval_runs").related_model.objects.all()
+
+
+def _completed_full_runs(runs: QuerySet) -> QuerySet:
+    model = runs.model
+    # a minibatch run (evolution's first look at a candidate) scores only some items: not the version's score
+    return runs.filter(status=model.Status.COMPLETED, avg_score__isnull=False).exclude(config__has_key="item_ids")
+
+
+def workflow_eval_scores(*, workflow, limit: int) -> list[dict]:
+    """The newest completed eval runs over whole golden sets of `workflow`'s versions, oldest first:
+    {"pk", "avg_score", "pass_rate", "at", "version_id", "version_hash", "golden_set_id", "set_name"}
+    (evals_run_ws_created_idx: a range of the workflow's workspace, newest first)."""
+    rows = (_completed_full_runs(_eval_runs()).filter(workspace_id=workflow.workspace_id,
+                                                      workflow_version__workflow_id=workflow.pk)
+            .values("pk", "avg_score", "pass_rate", "golden_set_id", version_id=F("workflow_version_id"),
+                    version_hash=F("workflow_version__dsl_hash"), set_name=F("golden_set__name"),
+                    at=F("created_at"))
+            .order_by("-created_at", "-pk")[:limit])
+    return list(reversed(rows))
+
+
+def version_latest_eval(*, version_id: int) -> dict | None:
+    """The version's newest completed eval run over a whole golden set: {"pk", "avg_score", "pass_rate",
+    "at", "set_name"}, or None (the eval runs' workflow_version index)."""
+    return (_completed_full_runs(_eval_runs()).filter(workflow_version_id=version_id)
+            .values("pk", "avg_score", "pass_rate", set_name=F("golden_set__name"), at=F("created_at"))
+            .order_by("-created_at", "-pk").first())

@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from config.display import pretty_json
 from durable import services
 from durable.inprocess import run_until_settled
 from durable.models import BufferedSignal, DurableRun
@@ -809,3 +810,358 @@ def test_scores_and_costs_read_as_numbers_a_person_reads(staff_client, workflow)
     _, node = waiting_invocation(version)
     NodeInvocation.objects.filter(pk=node.pk).update(usd_cost=Decimal("0.0000123"))
     assert "$0.000012" in staff_client.get(reverse("admin:workflows_nodeinvocation_changelist")).content.decode()
+
+
+# -------------------------------------------------------------------------------------- workflow page
+
+def eval_run(version, golden_set, score, *, days_ago=0, **fields):
+    from evals.models import EvalRun
+
+    run = EvalRun.objects.create(workspace=version.workflow.workspace, golden_set=golden_set, workflow_version=version,
+                                 status=fields.pop("status", "completed"), avg_score=score, pass_rate=score, **fields)
+    EvalRun.objects.filter(pk=run.pk).update(created_at=timezone.now() - timedelta(days=days_ago))
+    return run
+
+
+def versions_of(workflow, count: int) -> list[WorkflowVersion]:
+    versions = []
+    for index in range(count):
+        dsl = cyclic_dsl()
+        dsl["nodes"][0]["systemPrompt"] = f"You are orchestrator, take {index}."
+        versions.append(workflow_version_create(workflow=workflow, dsl=dsl, commit_message=f"take {index}",
+                                                parents=versions[-1:], operation="mutation" if versions else "init")[0])
+    return versions
+
+
+def test_workflow_page_shows_its_versions_active_marked_its_invocations_and_its_last_7_days(staff_client, workflow):
+    from evals.models import GoldenSet
+    from workflows.services import workflow_version_activate
+
+    first, second, third = versions_of(workflow, 3)
+    workflow_version_activate(version=second)
+    start = timezone.now() - timedelta(minutes=10)
+    done = make_invocation(second, status="completed", started=start, ended=start + timedelta(seconds=12.5),
+                           usd_cost=Decimal("0.0120"))
+    failed = make_invocation(third, status="failed", started=start, ended=start + timedelta(seconds=2),
+                             usd_cost=Decimal("0.0030"))
+    running = make_invocation(third, status="running", started=start)
+    old = make_invocation(first, status="failed", usd_cost=Decimal("5"))
+    WorkflowInvocation.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=8))
+    golden = GoldenSet.objects.create(workspace=workflow.workspace, workflow=workflow, name="<b>faq</b>")
+    eval_run(first, golden, 0.5, days_ago=3)
+    eval_run(second, golden, 0.75, days_ago=1)
+    eval_run(third, golden, 0.25, config={"item_ids": [1]})  # a minibatch: not a version's score
+
+    response = staff_client.get(change_url("workflow", workflow.pk))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert [row["hash"] for row in response.context["versions"]] == [v.dsl_hash[:12] for v in (third, second, first)]
+    active_row = re.search(r'<tr class="wf-version wf-active">.*?</tr>', html, re.S).group(0)
+    assert second.dsl_hash[:12] in active_row and "● Active" in active_row
+    assert html.count('class="wf-version wf-active"') == 1 and "take 2" in html
+    assert f"?workflow__id__exact={workflow.pk}" in html  # all versions
+    # newest invocations first, each linked, with its version, status, cost and duration
+    assert [row["id"] for row in response.context["invocations"]] == [running.pk, failed.pk, done.pk, old.pk]
+    assert change_url("workflowinvocation", done.pk) in html
+    assert "$0.0120" in html and "12.5 s" in html and 'class="wf-status wf-status-failed"' in html
+    # the last 7 days: 3 invocations, 1 failed of the 2 ended, $0.0150 (the 8 days old one is not counted)
+    recent = response.context["recent"]
+    assert (recent["total"], recent["failed"], recent["ended"], recent["failure_rate"], recent["usd_cost"]) == (
+        "3", "1", "2", "50%", "$0.0150")
+    assert re.search(r'id="wf-recent-failed"><a href="[^"]*status__exact=failed">1</a> of 2 ended \(50%\)', html)
+    # each number opens the list of what it counts
+    def listed(url):
+        return {row.pk for row in staff_client.get(url.replace("&amp;", "&")).context["cl"].result_list}
+
+    workflow_version_create(workflow=workflow_create(workspace=workflow.workspace, name="other"), dsl=cyclic_dsl())
+    assert listed(response.context["versions_url"]) == {first.pk, second.pk, third.pk}
+    assert listed(response.context["recent_url"]) == {done.pk, failed.pk, running.pk}
+    assert listed(response.context["recent_failed_url"]) == {failed.pk}
+    # the trend: the two full-set runs, oldest first, the set's name escaped
+    svg = str(response.context["trend_svg"])
+    assert re.findall(r'data-score="([0-9.]+)"', svg) == ["0.500", "0.750"]
+    assert "<b>faq</b>" not in html and "&lt;b&gt;faq&lt;/b&gt;" in svg
+
+
+def test_workflow_list_shows_the_active_version_and_the_invocations_of_the_last_7_days(staff_client, workflow):
+    from workflows.services import workflow_version_activate
+
+    version = versions_of(workflow, 1)[0]
+    workflow_version_activate(version=version)
+    for _ in range(3):
+        make_invocation(version)
+    idle = workflow_create(workspace=workflow.workspace, name="idle")
+    listing = staff_client.get(reverse("admin:workflows_workflow_changelist"))
+    rows = {row.name: row for row in listing.context["cl"].result_list}
+    assert (rows["research"].active_version_hash, rows["research"].invocation_count) == (version.dsl_hash, 3)
+    assert (rows[idle.name].active_version_pk, rows[idle.name].invocation_count) == (None, 0)
+    assert change_url("workflowversion", version.pk) in listing.content.decode()
+
+
+def test_workflow_page_and_list_query_counts_do_not_grow_with_rows(staff_client, workflow):
+    from evals.models import GoldenSet
+
+    golden = GoldenSet.objects.create(workspace=workflow.workspace, workflow=workflow, name="faq")
+    first = versions_of(workflow, 1)[0]
+    make_invocation(first, status="completed", started=timezone.now(), ended=timezone.now())
+    eval_run(first, golden, 0.5)
+    page, listing = change_url("workflow", workflow.pk), reverse("admin:workflows_workflow_changelist")
+    small = (count_queries(staff_client, page), count_queries(staff_client, listing))
+    versions = versions_of(workflow, 12)
+    for index, version in enumerate(versions):
+        make_invocation(version, status="failed" if index % 3 else "completed", started=timezone.now(),
+                        ended=timezone.now(), usd_cost=Decimal("0.01"))
+        eval_run(version, golden, index / 12)
+    for index in range(5):
+        workflow_create(workspace=workflow.workspace, name=f"other-{index}")
+    assert (count_queries(staff_client, page), count_queries(staff_client, listing)) == small
+
+
+# ------------------------------------------------------------------------- version pages: stats and diff
+
+def test_version_page_shows_its_invocation_stats_latest_eval_and_links(staff_client, workflow):
+    from evals.models import GoldenSet
+
+    version = versions_of(workflow, 1)[0]
+    start = timezone.now() - timedelta(minutes=5)
+    make_invocation(version, status="completed", started=start, ended=start + timedelta(seconds=4),
+                    usd_cost=Decimal("0.0200"))
+    make_invocation(version, status="failed", started=start, ended=start + timedelta(seconds=2),
+                    usd_cost=Decimal("0.0100"))
+    make_invocation(version, status="running", started=start)
+    golden = GoldenSet.objects.create(workspace=workflow.workspace, workflow=workflow, name="faq")
+    eval_run(version, golden, 0.4, days_ago=2)
+    latest = eval_run(version, golden, 0.8125)
+    html = staff_client.get(change_url("workflowversion", version.pk)).content.decode()
+    assert re.search(r'id="wf-stats-total">3<', html)
+    assert "1 of 2 ended (50%)" in html and "$0.0100" in html and "3.0 s" in html
+    assert f"eval run {latest.pk}</a> on faq: score 0.812" in html
+    for name in ("diff", "run", "edit"):
+        assert reverse(f"admin:workflows_workflowversion_{name}", args=[version.pk]) in html
+
+
+def test_diff_with_parent_shows_the_changed_prompt_and_fields_per_node(staff_client, outsider_client, workflow):
+    parent = versions_of(workflow, 1)[0]
+    dsl = json.loads(json.dumps(parent.dsl))
+    dsl["nodes"][0]["systemPrompt"] = "You are the orchestrator.\nPlan first."
+    dsl["nodes"][2]["gatewayModelId"] = "gpt-4.1"
+    child, _ = workflow_version_create(workflow=workflow, dsl=dsl, operation="manual", parents=(parent,))
+    url = reverse("admin:workflows_workflowversion_diff", args=[child.pk])
+    assert f'href="{url}" id="wf-diff-link">Diff with parent<' in \
+        staff_client.get(change_url("workflowversion", child.pk)).content.decode()
+    response = staff_client.get(url)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert '<span class="wf-diff-del">-You are orchestrator, take 0.</span>' in html
+    assert '<span class="wf-diff-add">+You are the orchestrator.</span>' in html
+    assert '<span class="wf-diff-add">+Plan first.</span>' in html
+    changes = {row["node"]: row for row in response.context["nodes"]}
+    assert changes["orchestrator"]["change"] == "changed" and changes["search"]["change"] == "same"
+    assert changes["left"]["fields"] == [{"name": "gatewayModelId", "old": '"gpt-4.1-mini"', "new": '"gpt-4.1"'}]
+    assert response.context["dsl_lines"]  # the canonical DSL's diff
+    # against another version of the workflow; a bad one is named; another workspace's version is missing
+    assert staff_client.get(url + f"?against={child.pk}").context["changes"]["same"] is True
+    bad = staff_client.get(url + "?against=nope")
+    assert bad.status_code == 400 and "against: &#x27;nope&#x27; is not a version of research" in bad.content.decode()
+    assert outsider_client.get(url).status_code == 404
+    root = staff_client.get(reverse("admin:workflows_workflowversion_diff", args=[parent.pk]))
+    assert root.status_code == 200 and "has no parent" in root.content.decode()
+
+
+# ------------------------------------------------------------------------------------- version: run
+
+INPUT_SCHEMA = {"type": "object", "required": ["question", "depth"], "properties": {
+    "question": {"type": "string", "description": "What to research."},
+    "depth": {"type": "integer", "minimum": 1, "maximum": 5},
+    "temperature": {"type": "number"},
+    "cite": {"type": "boolean"},
+    "tone": {"enum": ["plain", "formal"]},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}},
+    "code": {"type": "string", "maxLength": 6, "pattern": "^[A-Z]+$"},
+}}
+
+
+def runnable_version(workflow, **dsl_fields):
+    dsl = {"entryNodeId": "answer", "nodes": [{"nodeId": "answer", "gatewayModelId": "offline-directive-v1",
+                                               "systemPrompt": "Answer in one sentence.", "handOffs": ["end"]}],
+           **dsl_fields}
+    return workflow_version_create(workflow=workflow, dsl=dsl)[0]
+
+
+def test_run_form_is_drawn_from_the_input_schema_refuses_a_bad_value_and_starts_on_a_good_one(staff_client,
+                                                                                              workflow):
+    version = runnable_version(workflow, inputSchema=INPUT_SCHEMA)
+    url = reverse("admin:workflows_workflowversion_run", args=[version.pk])
+    page = staff_client.get(url)
+    assert page.status_code == 200
+    html = page.content.decode()
+    # the required properties first, in the schema's order (its object's keys come back from jsonb sorted)
+    assert page.context["form"].input_fields == ["input-question", "input-depth", "input-cite", "input-code",
+                                                 "input-tags", "input-temperature", "input-tone"]
+    assert re.search(r'<label for="id_input-question" class="required">question:</label>', html)
+    assert re.search(r'<textarea name="input-question"[^>]*required', html) and "What to research." in html
+    assert re.search(r'<input type="number" name="input-depth" min="1" max="5" required', html)
+    assert re.search(r'<input type="number" name="input-temperature"[^>]*step="any"', html)
+    assert '<input type="checkbox" name="input-cite"' in html
+    assert re.search(r'<select name="input-tone"[^>]*>\s*<option value="" selected>---------</option>\s*'
+                     r'<option value="&quot;plain&quot;">plain</option>', html)
+    assert re.search(r'<textarea name="input-tags"[^>]*class="wf-code"', html)  # an array: JSON
+    assert re.search(r'<input type="text" name="input-code"[^>]*maxlength="6"', html)
+
+    good = {"input-question": "What is a durable run?", "input-depth": "2", "input-temperature": "0.5",
+            "input-cite": "on", "input-tone": '"formal"', "input-tags": '["db"]', "input-code": ""}
+    for field, value, problem in (("input-depth", "9", "less than or equal to 5"),
+                                  ("input-tags", '["far-too-long"]', "is too long"),
+                                  ("input-code", "abc", "does not match"),
+                                  ("input-tags", "[NaN]", "Enter a valid JSON"),
+                                  ("node_budget", "0", "greater than or equal to 1")):
+        refused = staff_client.post(url, {**good, field: value})
+        assert refused.status_code == 400, field
+        row = re.search(rf'<div class="wf-form-row wf-has-error" data-field="{field}">.*?</div>',
+                        refused.content.decode(), re.S)
+        assert row is not None and problem in row.group(0), (field, refused.content.decode()[:3000])
+    assert not WorkflowInvocation.objects.exists()
+
+    started = staff_client.post(url, good)
+    invocation = WorkflowInvocation.objects.get()
+    assert started.status_code == 302 and started.url == change_url("workflowinvocation", invocation.pk)
+    assert invocation.input == {"question": "What is a durable run?", "depth": 2, "temperature": 0.5, "cite": True,
+                                "tone": "formal", "tags": ["db"]}
+    assert invocation.workflow_version == version and invocation.durable_run_id
+    assert any(f"Started invocation {invocation.pk}" in text for text in messages_of(started))
+
+
+def test_run_without_an_input_schema_takes_json_and_a_version_that_cannot_run_is_refused(staff_client, workflow):
+    version = runnable_version(workflow)
+    url = reverse("admin:workflows_workflowversion_run", args=[version.pk])
+    html = staff_client.get(url).content.decode()
+    assert re.search(r'<textarea name="input"[^>]*>\n\{&quot;text&quot;: &quot;&quot;\}</textarea>', html)
+    bad = staff_client.post(url, {"input": "{not json"})
+    assert bad.status_code == 400 and "Enter a valid JSON." in bad.content.decode()
+    assert not WorkflowInvocation.objects.exists()
+    assert staff_client.post(url, {"input": '"Hello"'}).status_code == 302
+    assert WorkflowInvocation.objects.get().input == "Hello"
+
+    lacking = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())[0]  # an MCP tool nobody provides
+    url = reverse("admin:workflows_workflowversion_run", args=[lacking.pk])
+    assert "search.tavily is not available" in staff_client.get(url).content.decode()
+    refused = staff_client.post(url, {"input": "{}"})
+    assert refused.status_code == 400 and "Not started" in refused.content.decode()
+    assert WorkflowInvocation.objects.count() == 1
+
+
+# ------------------------------------------------------------------------------------ version: edit
+
+def test_edit_as_new_version_saves_a_manual_child_and_the_same_dsl_leads_to_its_version(staff_client, staff,
+                                                                                         workflow):
+    version = versions_of(workflow, 1)[0]
+    url = reverse("admin:workflows_workflowversion_edit", args=[version.pk])
+    page = staff_client.get(url)
+    assert page.status_code == 200
+    assert page.context["form"]["dsl"].value() == pretty_json(version.dsl)
+    assert '<textarea name="dsl"' in page.content.decode()
+    dsl = json.loads(json.dumps(version.dsl))
+    dsl["nodes"][0]["systemPrompt"] = "Plan, then delegate."
+
+    saved = staff_client.post(url, {"dsl": json.dumps(dsl), "commit_message": "orchestrator: plan first"})
+    child = WorkflowVersion.objects.exclude(pk=version.pk).get()
+    assert saved.status_code == 302 and saved.url == change_url("workflowversion", child.pk)
+    assert (child.operation, child.parent1_id, child.parent2_id, child.commit_message, child.created_by_id) == (
+        "manual", version.pk, None, "orchestrator: plan first", staff.pk)
+    assert child.dsl["nodes"][0]["systemPrompt"] == "Plan, then delegate."
+    assert any("Saved version" in text for text in messages_of(saved))
+
+    again = staff_client.post(url, {"dsl": json.dumps(dsl, indent=4), "commit_message": "again"})
+    assert again.status_code == 302 and again.url == change_url("workflowversion", child.pk)
+    assert any("already has this DSL" in text for text in messages_of(again))
+    unchanged = staff_client.post(url, {"dsl": pretty_json(version.dsl), "commit_message": "no change"})
+    assert unchanged.url == change_url("workflowversion", version.pk)
+    assert any("unchanged" in text for text in messages_of(unchanged))
+    assert WorkflowVersion.objects.count() == 2
+
+
+def test_edit_shows_dsl_errors_on_their_node_and_field_and_keeps_the_text(staff_client, workflow):
+    version = versions_of(workflow, 1)[0]
+    url = reverse("admin:workflows_workflowversion_edit", args=[version.pk])
+    dsl = json.loads(json.dumps(version.dsl))
+    dsl["nodes"][1]["handOffs"] = ["nowhere"]
+    dsl["nodes"][3]["maxSteps"] = 500
+    del dsl["nodes"][2]["nodeId"]
+    text = json.dumps(dsl, indent=1)
+    refused = staff_client.post(url, {"dsl": text, "commit_message": "broken"})
+    assert refused.status_code == 400
+    html = refused.content.decode()
+    groups = {group["label"]: group["problems"] for group in refused.context["groups"]}
+    assert {"field": "handOffs", "message": "unknown hand-off target 'nowhere'"} in groups["node search"]
+    assert {"field": "maxSteps", "message": "must be a whole number from 1 to 50"} in groups["node right"]
+    assert {"field": "nodeId", "message": "is required"} in groups["node #3 (no nodeId)"]  # by its position
+    assert re.search(r'data-node-id="search">node search</h3>\s*<ul><li class="wf-dsl-error" data-field="handOffs">'
+                     r'<code>handOffs</code>: unknown hand-off target &#x27;nowhere&#x27;</li>', html)
+    assert refused.context["form"]["dsl"].value() == text  # the operator's text, as typed
+    assert WorkflowVersion.objects.count() == 1
+
+    not_json = staff_client.post(url, {"dsl": '{"nodes": [', "commit_message": "x"})
+    assert not_json.status_code == 400 and "Not JSON: Expecting value (line 1, column 12)." in not_json.content.decode()
+    nan = staff_client.post(url, {"dsl": json.dumps(dsl).replace("500", "NaN"), "commit_message": "x"})
+    assert nan.status_code == 400 and "NaN is not a JSON number" in nan.content.decode()
+    assert WorkflowVersion.objects.count() == 1
+
+
+def test_version_views_refuse_another_workspace_a_user_without_permission_and_a_post_without_csrf(
+        staff, outsider_client, workspace, workflow):
+    version = runnable_version(workflow)
+    urls = {name: reverse(f"admin:workflows_workflowversion_{name}", args=[version.pk])
+            for name in ("diff", "run", "edit")}
+    for name, url in urls.items():
+        assert outsider_client.get(url).status_code == 404, name
+        assert outsider_client.post(url, {"input": "{}"}).status_code == 404, name
+
+    viewer = client_of(staff_user("viewer", workspace, codenames=["view_workflowversion", "view_workflowinvocation"]))
+    assert viewer.get(urls["diff"]).status_code == 200
+    page = viewer.get(change_url("workflowversion", version.pk)).content.decode()
+    assert 'id="wf-run-link"' not in page and 'id="wf-edit-link"' not in page
+    for name in ("run", "edit"):
+        assert viewer.get(urls[name]).status_code == 403, name
+    assert viewer.post(urls["run"], {"input": "{}"}).status_code == 403
+    assert viewer.post(urls["edit"], {"dsl": json.dumps(cyclic_dsl()), "commit_message": "x"}).status_code == 403
+
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(staff)
+    assert strict.get(urls["edit"]).status_code == 200
+    assert strict.post(urls["run"], {"input": "{}"}).status_code == 403
+    assert strict.post(urls["edit"], {"dsl": json.dumps(cyclic_dsl()), "commit_message": "x"}).status_code == 403
+    assert not WorkflowInvocation.objects.exists() and WorkflowVersion.objects.count() == 1
+
+
+def test_version_page_query_count_does_not_grow_with_invocations_or_eval_runs(staff_client, workflow):
+    from evals.models import GoldenSet
+
+    golden = GoldenSet.objects.create(workspace=workflow.workspace, workflow=workflow, name="faq")
+    version = versions_of(workflow, 1)[0]
+    make_invocation(version, status="completed", started=timezone.now(), ended=timezone.now())
+    url = change_url("workflowversion", version.pk)
+    small = count_queries(staff_client, url)
+    for index in range(15):
+        make_invocation(version, status="failed" if index % 2 else "completed", started=timezone.now(),
+                        ended=timezone.now(), usd_cost=Decimal("0.01"))
+        eval_run(version, golden, index / 15)
+    assert count_queries(staff_client, url) == small
+
+
+def test_the_version_pages_escape_the_schema_the_dsl_and_its_errors(staff_client, workflow):
+    version = runnable_version(workflow, inputSchema={"type": "object", "properties": {
+        XSS_ID: {"type": "string", "title": XSS_PROMPT, "description": XSS_PROMPT},
+        "tone": {"enum": [XSS_ID]}}})
+    run = staff_client.get(reverse("admin:workflows_workflowversion_run", args=[version.pk])).content.decode()
+    edit_url = reverse("admin:workflows_workflowversion_edit", args=[version.pk])
+    dsl = json.loads(json.dumps(version.dsl))
+    dsl["nodes"][0]["handOffs"] = [XSS_ID]
+    refused = staff_client.post(edit_url, {"dsl": json.dumps(dsl), "commit_message": XSS_PROMPT}).content.decode()
+    other = workflow_version_create(workflow=workflow_create(workspace=workflow.workspace, name="other"),
+                                    dsl=cyclic_dsl())[0]
+    diff = staff_client.get(reverse("admin:workflows_workflowversion_diff", args=[version.pk])
+                            + f"?against={other.pk}")
+    assert diff.status_code == 400  # a version of another workflow
+    for html in (run, refused, staff_client.get(edit_url).content.decode(), diff.content.decode()):
+        assert XSS_ID not in html and XSS_PROMPT not in html
+    assert "&lt;script&gt;alert(&quot;id&quot;)&lt;/script&gt;" in run and "unknown hand-off target" in refused

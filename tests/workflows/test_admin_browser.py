@@ -15,7 +15,7 @@ from durable import services
 from tests.browser import assert_fits_the_screen, log_in
 from tests.factories import MembershipFactory
 from tests.workflows.test_admin import cyclic_dsl
-from workflows.models import Message, NodeInvocation, WorkflowInvocation
+from workflows.models import Message, NodeInvocation, WorkflowInvocation, WorkflowVersion
 from workflows.services import workflow_create, workflow_version_create
 
 pytestmark = [
@@ -130,3 +130,146 @@ def test_operator_reads_the_graph_and_the_timeline_and_approves_a_node(live_serv
     assert "Decision sent: approve" in sent.inner_text() and "Good comparison." in sent.inner_text()
     assert page.locator("#approval-3").count() == 0
     assert (tmp_path / "workflow-version.png").stat().st_size > 10_000
+
+
+CONSOLE_SCHEMA = {"type": "object", "required": ["question"], "properties": {
+    "question": {"type": "string", "description": "What the workflow researches."},
+    "depth": {"type": "integer", "minimum": 1, "maximum": 5, "description": "How many sources to read."},
+    "tone": {"enum": ["plain", "formal"]},
+    "cite": {"type": "boolean", "description": "Cite the sources."},
+}}
+
+
+def console_dsl(writer_prompt: str) -> dict:
+    def node(node_id, prompt, handoffs):
+        return {"nodeId": node_id, "gatewayModelId": "offline-directive-v1", "systemPrompt": prompt,
+                "handOffs": handoffs, "description": f"The {node_id}."}
+
+    return {"entryNodeId": "planner", "inputSchema": CONSOLE_SCHEMA, "nodes": [
+        node("planner", "Plan the research: list the questions to answer.", ["writer"]),
+        node("writer", writer_prompt, ["end"]),
+    ]}
+
+
+@pytest.fixture
+def console(transactional_db, workspace, settings):
+    """A workflow with a lineage of versions (the middle one active), eval runs on two golden sets and invocations
+    of every status; written before Playwright starts (see `scene`)."""
+    from evals.models import EvalRun, GoldenSet
+    from workflows.services import workflow_version_activate
+
+    settings.DURABLE_DISPATCH_ENABLED = False  # the run page's invocation is queued; no worker needed
+    operator = get_user_model().objects.create_user("operator", password="s3cret-pass", is_staff=True)
+    operator.user_permissions.add(*Permission.objects.filter(content_type__app_label="workflows"))
+    MembershipFactory(user=operator, workspace=workspace)
+    workflow = workflow_create(workspace=workspace, name="research-assistant")
+    versions = []
+    for index in range(6):
+        prompt = f"Write the answer in {index + 2} short paragraphs.\nCite every source by its title."
+        versions.append(workflow_version_create(
+            workflow=workflow, dsl=console_dsl(prompt), parents=versions[-1:],
+            operation="manual" if versions else "init",
+            commit_message=f"writer: {index + 2} paragraphs" if versions else "first version")[0])
+    for index, version in enumerate(versions):
+        WorkflowVersion.objects.filter(pk=version.pk).update(avg_score=0.42 + 0.08 * index,
+                                                             pass_rate=0.5 + 0.05 * index)
+    workflow_version_activate(version=versions[3])
+    now = timezone.now()
+    sets = [GoldenSet.objects.create(workspace=workspace, workflow=workflow, name=name)
+            for name in ("research questions", "citations (hard)")]
+    for index, version in enumerate(versions):
+        for offset, golden in enumerate(sets):
+            run = EvalRun.objects.create(workspace=workspace, golden_set=golden, workflow_version=version,
+                                         status="completed", avg_score=0.42 + 0.08 * index - 0.15 * offset,
+                                         pass_rate=0.5 + 0.05 * index)
+            EvalRun.objects.filter(pk=run.pk).update(created_at=now - timedelta(days=6 - index, hours=offset))
+    for index, status in enumerate(["completed", "completed", "failed", "running", "completed", "cancelled"]):
+        start = now - timedelta(hours=index * 3)
+        WorkflowInvocation.objects.create(
+            workspace=workspace, workflow_version=versions[3 + index % 3], status=status, usd_budget=Decimal("1"),
+            usd_cost=Decimal("0.0270") * (index + 1), started_at=start,
+            ended_at=None if status == "running" else start + timedelta(seconds=8 + index),
+            input={"question": "What is a durable run?"})
+    return {"workflow": workflow, "version": versions[-1], "parent": versions[-2]}
+
+
+def test_operator_reads_a_workflow_diffs_runs_and_edits_a_version(live_server, console, browser_page, tmp_path):
+    page = browser_page
+    log_in(page, live_server)
+    version = console["version"]
+
+    # the workflow page: the last 7 days, the score trend, the versions (the active one marked), the invocations
+    page.goto(live_server.url + reverse("admin:workflows_workflow_change", args=[console["workflow"].pk]))
+    page.locator("svg.wf-trend").wait_for(state="visible")
+    assert page.locator("svg.wf-trend .wf-trend-series").count() == 2
+    assert page.locator("svg.wf-trend circle.wf-trend-point").count() == 12
+    assert page.locator("#wf-version-table tr.wf-version").count() == 6
+    assert "Active" in page.locator("#wf-version-table tr.wf-active").inner_text()
+    assert page.locator("#wf-invocation-table tr.wf-invocation").count() == 6
+    assert "1 of 5 ended (20%)" in page.locator("#wf-recent-failed").inner_text()
+    page.screenshot(path=str(tmp_path / "workflow.png"), full_page=True)
+    assert_fits_the_screen(page)
+
+    # the newest version's page, from the versions table
+    page.locator("#wf-version-table tr.wf-version").first.locator("a").click()
+    page.locator("#wf-version-stats").wait_for(state="visible")
+    assert version.dsl_hash[:12] in page.locator("#content").inner_text()
+    page.screenshot(path=str(tmp_path / "version.png"), full_page=True)
+    assert_fits_the_screen(page)
+
+    # diff with parent: the writer's prompt changed, red and green
+    page.click("#wf-diff-link")
+    page.locator("#wf-diff-nodes").wait_for(state="visible")
+    writer = page.locator('tr.wf-diff-node[data-node-id="writer"]')
+    assert "changed" in writer.inner_text()
+    assert writer.locator(".wf-diff-del").first.inner_text() == "-Write the answer in 6 short paragraphs."
+    assert writer.locator(".wf-diff-add").first.inner_text() == "+Write the answer in 7 short paragraphs."
+    assert page.locator("#wf-dsl-diff .wf-diff-add").count() >= 1
+    page.screenshot(path=str(tmp_path / "version-diff.png"), full_page=True)
+    assert_fits_the_screen(page)
+
+    # run: the form drawn from the input schema; a bad value is refused on its field, a good one starts
+    page.click("text=Back to the version")
+    page.click("#wf-run-link")
+    form = page.locator("#wf-run-form")
+    form.wait_for(state="visible")
+    form.locator("textarea[name='input-question']").fill("What is a durable run?")
+    form.locator("input[name='input-depth']").fill("9")
+    form.locator("select[name='input-tone']").select_option(label="formal")
+    form.locator("input[name='input-cite']").check()
+    form.locator("#wf-run-submit").click()
+    depth = page.locator('.wf-form-row[data-field="input-depth"]')
+    depth.locator(".errorlist").wait_for(state="visible")
+    assert "less than or equal to 5" in depth.inner_text()
+    assert page.locator("textarea[name='input-question']").input_value() == "What is a durable run?"
+    page.locator("input[name='input-depth']").fill("3")
+    page.screenshot(path=str(tmp_path / "version-run.png"), full_page=True)
+    assert_fits_the_screen(page)
+    page.locator("#wf-run-submit").click()
+    page.wait_for_selector(".messagelist .success")
+    assert "Started invocation" in page.locator(".messagelist").inner_text()
+    assert "/admin/workflows/workflowinvocation/" in page.url
+
+    # edit as new version: an error is listed by node and field and the text kept; the fix saves a child version
+    page.goto(live_server.url + reverse("admin:workflows_workflowversion_change", args=[version.pk]))
+    page.click("#wf-edit-link")
+    editor = page.locator("textarea[name='dsl']")
+    editor.wait_for(state="visible")
+    broken = editor.input_value().replace('"end"', '"the-end"')
+    editor.fill(broken)
+    page.fill("input[name='commit_message']", "writer: eight paragraphs")
+    page.click("#wf-edit-submit")
+    errors = page.locator("#wf-dsl-errors")
+    errors.wait_for(state="visible")
+    assert "node writer" in errors.inner_text() and "unknown hand-off target 'the-end'" in errors.inner_text()
+    assert page.locator("textarea[name='dsl']").input_value() == broken
+    page.screenshot(path=str(tmp_path / "version-edit-errors.png"), full_page=True)
+    assert_fits_the_screen(page)
+    page.locator("textarea[name='dsl']").fill(broken.replace('"the-end"', '"end"').replace("7 short", "8 short"))
+    page.screenshot(path=str(tmp_path / "version-edit.png"), full_page=True)
+    page.click("#wf-edit-submit")
+    page.wait_for_selector(".messagelist .success")
+    assert "Saved version" in page.locator(".messagelist").inner_text()
+    assert "Manual edit" in page.locator("#content").inner_text()
+    page.screenshot(path=str(tmp_path / "version-edited.png"), full_page=True)
+    assert (tmp_path / "workflow.png").stat().st_size > 10_000
