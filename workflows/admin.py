@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 
 from django import forms
@@ -33,7 +34,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
+from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin, change_page_panels
 from config.display import clipped, durable_run_link, excerpt, json_html, number_field, pretty_json, status_badge, usd
 from config.display import seconds as seconds_text
 from workflows import graph, services
@@ -178,7 +179,7 @@ class WorkflowFilter(ScopedChoiceFilter):
 
 class DecisionForm(forms.Form):
     node_seq = forms.IntegerField(min_value=1)
-    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject"), ("revise", "Revise")])
     comment = forms.CharField(required=False, max_length=10_000, widget=forms.Textarea(attrs={"rows": 2}))
 
 
@@ -303,13 +304,20 @@ class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAd
         entries = list(ContextEntry.objects.filter(workflow_invocation=invocation).order_by("created_at", "pk")
                        .defer("metadata"))
         by_node: dict[int | None, list[dict]] = {}
+        raw_by_node: dict[int | None, list[Message]] = {}
         for message in rows[:MESSAGE_LIMIT]:
             by_node.setdefault(message.node_invocation_id, []).append(message_view(message))
+            raw_by_node.setdefault(message.node_invocation_id, []).append(message)
         seq_of = {node.pk: node.seq for node in nodes}
         can_act = self.has_act_permission(request)
         calls = node_calls(invocation_id=invocation.pk)
+        chart = timeline(invocation, nodes)
         return {
-            "timeline": timeline(invocation, nodes),
+            "timeline": chart,
+            "span_tree": [{"seq": node.seq, "node_id": node.node_id, "bar": bar,
+                           "spans": node_spans(node, raw_by_node.get(node.pk, []), chart)}
+                          for node, bar in zip(nodes, chart["bars"], strict=True)],
+            "panels": change_page_panels.for_object(request, invocation),
             "node_views": [node_view(node, by_node.get(node.pk, []), can_act, calls.get(node.pk)) for node in nodes],
             "loose_messages": by_node.get(None, []),
             "messages_truncated": len(rows) > MESSAGE_LIMIT,
@@ -359,6 +367,11 @@ class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAd
         except (services.InvalidInvocationState, services.InvocationRefused) as exc:
             self.message_user(request, f"Not recorded: {exc}", messages.ERROR)
             return self._back(invocation, f"node-{data['node_seq']}")
+        if data["decision"] == "revise":
+            self.message_user(request, f"Asked node {node.node_id} (#{node.seq}) of invocation {invocation.pk} for a "
+                                       "revision; the model answers your comment and the node waits for a decision "
+                                       "again.", messages.SUCCESS)
+            return self._back(invocation, f"node-{node.seq}")
         verb = "Approved" if data["decision"] == "approve" else "Rejected"
         self.message_user(request, f"{verb} node {node.node_id} (#{node.seq}) of invocation {invocation.pk}; "
                                    "the run goes on with the decision.", messages.SUCCESS)
@@ -418,7 +431,63 @@ def timeline(invocation: WorkflowInvocation, nodes: list[NodeInvocation]) -> dic
         })
     ticks = [{"left": f"{fraction * 100:.0f}", "label": seconds_text(total * fraction)}
              for fraction in (0, 0.25, 0.5, 0.75, 1)]
-    return {"bars": bars, "ticks": ticks, "total": seconds_text(total), "origin": origin}
+    return {"bars": bars, "ticks": ticks, "total": seconds_text(total), "origin": origin, "seconds": total}
+
+
+def _placed(chart: dict, start: datetime, end: datetime) -> dict:
+    """A span's offset and duration from the invocation's start, and its bar in % of the timeline's span."""
+    total = chart["seconds"]
+    offset = (start - chart["origin"]).total_seconds()
+    length = max((end - start).total_seconds(), 0)
+    left = min(max(offset / total * 100, 0), 100)
+    return {"offset": seconds_text(max(offset, 0)), "duration": seconds_text(length), "left": f"{left:.3f}",
+            "width": f"{min(max(length / total * 100, 0.4), max(100 - left, 0.4)):.3f}"}
+
+
+def _latency(payload: dict) -> timedelta | None:
+    value = payload.get("latency_ms")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e10:
+        return None
+    return timedelta(milliseconds=value)
+
+
+def node_spans(node: NodeInvocation, rows: list[Message], chart: dict) -> list[dict]:
+    """A node's spans, as a tree: its model calls in order (model, tokens, cost, duration, cached), each with the
+    tool calls of its round below it, and a revision an operator asked for where it opened. A message is written
+    as its call ends (`created_at`), so a call started its recorded latency earlier; one recorded without a
+    latency started where the message before it ended."""
+    spans: list[dict] = []
+    previous = node.started_at or chart["origin"]
+    for message in rows:
+        payload = message.payload if isinstance(message.payload, dict) else {}
+        end = message.created_at
+        latency = _latency(payload)
+        start = max(end - latency, chart["origin"]) if latency is not None else min(previous, end)
+        if message.role == Message.Role.ASSISTANT:
+            usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+            cached = bool(payload.get("cache_hit"))
+            try:
+                cost = usd(usage.get("usd_cost") or 0) if not cached else "$0.00"
+            except (ArithmeticError, ValueError, TypeError):
+                cost = "-"
+            purpose = _text(payload.get("purpose"))
+            spans.append({"kind": "llm", "seq": message.seq, "model": _text(payload.get("model") or usage.get("model")),
+                          "input_tokens": usage.get("input_tokens", 0), "output_tokens": usage.get("output_tokens", 0),
+                          "cost": cost, "cached": cached, "purpose": "" if purpose == "answer" else purpose,
+                          "tools": [], **_placed(chart, start, end)})
+        elif message.role == Message.Role.TOOL:
+            tool = {"kind": "tool", "seq": message.seq, "name": _text(payload.get("name")) or "a tool",
+                    "error": bool(payload.get("error")), **_placed(chart, start, end)}
+            if spans and spans[-1]["kind"] == "llm":
+                spans[-1]["tools"].append(tool)
+            else:
+                spans.append(tool)
+        elif message.role == Message.Role.USER and payload.get("revision"):
+            spans.append({"kind": "revision", "seq": message.seq, "revision": payload.get("revision"),
+                          "by": _text(payload.get("by_name")), "comment": excerpt(_text(payload.get("content")), 200),
+                          **_placed(chart, end, end)})
+        previous = end
+    return spans
 
 
 HANDOFF_ROLES = {Message.Role.DELEGATION, Message.Role.RESULT, Message.Role.FEEDBACK, Message.Role.DATA,
@@ -445,7 +514,7 @@ def message_view(message: Message) -> dict:
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else None
     extra = {key: value for key, value in payload.items()
              if key not in ("text", "content", "tool_calls", "usage", "cache_hit", "model", "latency_ms", "purpose",
-                            "name", "arguments", "tool_call_id", "error", "context_key")}
+                            "name", "arguments", "tool_call_id", "error", "context_key", "revision", "by_name")}
     return {
         "seq": message.seq, "role": message.role, "role_label": message.get_role_display(),
         "handoff": message.role in HANDOFF_ROLES,
@@ -460,6 +529,8 @@ def message_view(message: Message) -> dict:
                   "cache_hit": bool(payload.get("cache_hit")), "latency_ms": payload.get("latency_ms"),
                   "purpose": _text(payload.get("purpose"))} if usage else None,
         "extra": pretty_json(extra) if extra else "",
+        "revision": payload.get("revision") if message.role == Message.Role.USER else None,
+        "revision_by": _text(payload.get("by_name")),
     }
 
 
@@ -490,6 +561,8 @@ def node_view(node: NodeInvocation, node_messages: list[dict], can_act: bool, ca
                                   and approval.get("pending") and not sent),
         "can_decide": can_act,
         "sent": sent, "decided": decided,
+        "revision": approval.get("revision", 0) if approval else 0,
+        "history": [entry for entry in approval.get("history") or [] if isinstance(entry, dict)] if approval else [],
         "messages": node_messages,
     }
 

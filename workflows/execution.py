@@ -502,6 +502,7 @@ def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, no
     if recorded is not None:
         return {"content": recorded["content"], "error": recorded["error"], "context_key": recorded["context_key"]}
     _refuse_if_ended(invocation_id)
+    started = time.perf_counter()
     with telemetry.under(node_span_key(invocation_id, node_seq)), \
             telemetry.tool_span(name=call["name"], call_id=call["id"]) as span:
         result = _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call_key, call, binding,
@@ -514,7 +515,7 @@ def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, no
         seq=message_seq(node_seq, offset), role=Message.Role.TOOL,
         payload={"content": result["content"], "tool_call_id": call["id"], "name": call["name"],
                  "arguments": call.get("arguments") or {}, "error": result["error"],
-                 "context_key": result["context_key"]},
+                 "context_key": result["context_key"], "latency_ms": round((time.perf_counter() - started) * 1000, 2)},
     )], ignore_conflicts=True)
     return result
 

@@ -429,6 +429,94 @@ def test_reject_sends_a_rejection(staff_client, workflow):
     assert node.approval["sent"]["decision"] == "reject" and node.approval["sent"]["comment"] == "wrong sources"
 
 
+def test_reject_with_comment_offers_a_revision_which_needs_a_comment(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation, node = waiting_invocation(version)
+    page = staff_client.get(change_url("workflowinvocation", invocation.pk)).content.decode()
+    assert "Reject with comment" in page and 'name="decision" value="revise"' in page
+
+    blank = decide(staff_client, invocation, node_seq=1, decision="revise", comment="  ")
+    assert any("Not recorded" in text and "comment: a revision needs a comment" in text
+               for text in messages_of(blank))
+    assert not BufferedSignal.objects.exists()
+
+    response = decide(staff_client, invocation, node_seq=1, decision="revise", comment="Cite the sources.")
+    assert response.status_code == 302 and response.url.endswith("#node-1")
+    assert any("Asked node merge (#1)" in text and "revision" in text for text in messages_of(response))
+    node.refresh_from_db()
+    assert node.approval["sent"]["decision"] == "revise" and node.approval["sent"]["comment"] == "Cite the sources."
+    assert BufferedSignal.objects.filter(run_id="wfi-test-1", name="approval:1").count() == 1
+    assert "Decision sent: revise" in staff_client.get(response.url).content.decode()
+
+
+def test_a_revise_through_the_admin_shows_the_revision_round_and_the_decisions(staff_client, workflow):
+    """End to end on the offline model: revise, the node answers again and waits; the page shows the request for
+    a revision in the transcript and the span tree, and the earlier answer's decision."""
+    dsl = {"entryNodeId": "draft", "nodes": [
+        {"nodeId": "draft", "gatewayModelId": "offline-directive-v1", "requiresApproval": True}]}
+    version, _ = workflow_version_create(workflow=workflow, dsl=dsl)
+    invocation = invocation_start(version=version, input={"text": "The docs moved to a new site. Announce it."})
+    run_until_settled(invocation.durable_run_id, max_wait=30)
+    decide(staff_client, invocation, node_seq=1, decision="revise", comment="Say where the docs moved.")
+    run_until_settled(invocation.durable_run_id, max_wait=30)
+    response = staff_client.get(change_url("workflowinvocation", invocation.pk))
+    html = response.content.decode()
+    assert "Waiting for approval of revision 1." in html
+    assert "Revision 1 asked by acme-staff" in html
+    assert "An operator asked for a revision: Say where the docs moved." in html
+    (row,) = response.context["span_tree"]
+    assert [span["kind"] for span in row["spans"]] == ["llm", "revision", "llm"]
+    assert row["spans"][1]["by"] == "acme-staff" and "Say where the docs moved." in row["spans"][1]["comment"]
+    assert "answer 1: revise by acme-staff" in html
+
+
+def test_the_span_tree_nests_model_calls_and_their_tool_calls_with_offsets_from_the_start(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    start = timezone.now() - timedelta(minutes=1)
+    invocation = make_invocation(version, status="completed", started=start, ended=start + timedelta(seconds=10))
+    first = make_node(invocation, 1, "orchestrator", started=start, ended=start + timedelta(seconds=5))
+    second = make_node(invocation, 2, "search", started=start + timedelta(seconds=5),
+                       ended=start + timedelta(seconds=10))
+    at = {}
+
+    def said(node, seq, role, payload, seconds):
+        make_message(invocation, node, seq, role, payload)
+        at[seq] = start + timedelta(seconds=seconds)
+
+    said(first, 10_000, "user", {"content": "find it"}, 0.1)
+    said(first, 10_001, "assistant", {
+        "content": "", "tool_calls": [{"id": "c1", "name": "knowledge_search", "arguments": {}}],
+        "model": "gpt-4.1-mini", "usage": {"input_tokens": 120, "output_tokens": 8, "usd_cost": "0.0012"},
+        "latency_ms": 1500}, 2)
+    said(first, 10_002, "tool", {"content": "hits", "name": "knowledge_search", "tool_call_id": "c1",
+                                 "latency_ms": 400}, 2.5)
+    said(first, 10_003, "tool", {"content": "error: no", "name": "web_fetch", "error": True}, 3)
+    said(first, 10_004, "assistant", {"content": "Found.", "model": "gpt-4.1-mini", "cache_hit": True,
+                                      "usage": {"input_tokens": 200, "output_tokens": 5, "usd_cost": "0.002"},
+                                      "latency_ms": 1000}, 4.5)
+    said(second, 20_000, "assistant", {"content": "done", "model": "offline-directive-v1", "latency_ms": 2000,
+                                       "usage": {"input_tokens": 1, "output_tokens": 1}}, 9)
+    for seq, moment in at.items():
+        Message.objects.filter(workflow_invocation=invocation, seq=seq).update(created_at=moment)
+
+    response = staff_client.get(change_url("workflowinvocation", invocation.pk))
+    tree = response.context["span_tree"]
+    assert [(row["seq"], row["node_id"], row["bar"]["offset"], row["bar"]["duration"]) for row in tree] == [
+        (1, "orchestrator", "0 ms", "5.0 s"), (2, "search", "5.0 s", "5.0 s")]
+    call, cached = tree[0]["spans"]
+    assert (call["kind"], call["model"], call["input_tokens"], call["cost"], call["cached"]) == (
+        "llm", "gpt-4.1-mini", 120, "$0.0012", False)
+    assert (call["offset"], call["duration"], call["left"], call["width"]) == ("500 ms", "1.5 s", "5.000", "15.000")
+    # the tool calls of its round, below it: one timed by its latency, one by the message before it
+    assert [(tool["name"], tool["offset"], tool["duration"], tool["error"]) for tool in call["tools"]] == [
+        ("knowledge_search", "2.1 s", "400 ms", False), ("web_fetch", "2.5 s", "500 ms", True)]
+    assert (cached["offset"], cached["duration"], cached["cached"], cached["cost"]) == ("3.5 s", "1.0 s", True, "$0.00")
+    assert [(span["model"], span["offset"]) for span in tree[1]["spans"]] == [("offline-directive-v1", "7.0 s")]
+    html = response.content.decode()
+    assert html.count('class="wf-span wf-span-llm') == 3 and html.count('class="wf-span wf-span-tool') == 2
+    assert "120 in / 8 out · $0.0012" in html and '<span class="wf-cached">cached</span>' in html
+
+
 def test_a_decision_for_a_node_that_does_not_wait_shows_the_error(staff_client, workflow):
     version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
     invocation, _node = waiting_invocation(version)
