@@ -19,24 +19,32 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from decimal import Decimal
 from pathlib import PurePosixPath
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.views.main import SEARCH_VAR
 from django.contrib.auth import get_user_model
+from django.contrib.postgres.search import SearchQuery
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import models
-from django.db.models import BooleanField, Count, DurationField, ExpressionWrapper, F, Prefetch, Q
+from django.db.models import BooleanField, Count, DurationField, Exists, ExpressionWrapper, F, OuterRef, Prefetch, Q
+from django.db.models.fields.json import KT
 from django.http import FileResponse, Http404
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
 from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin, change_page_panels
 from config.display import clipped, durable_run_link, excerpt, json_html, number_field, pretty_json, status_badge, usd
 from config.display import seconds as seconds_text
+from knowledge.models import SEARCH_CONFIG
 from workflows import graph, services
 from workflows.models import (
     ContextEntry,
@@ -46,10 +54,13 @@ from workflows.models import (
     McpTool,
     Message,
     NodeInvocation,
+    NodeVersion,
     UserServerConfig,
     Workflow,
     WorkflowInvocation,
     WorkflowVersion,
+    invocation_search_vector,
+    message_search_vector,
 )
 from workflows.selectors import NodeCalls, node_calls
 from workspaces.admin_scope import (
@@ -57,6 +68,7 @@ from workspaces.admin_scope import (
     WorkspaceFilter,
     WorkspaceScopedAdmin,
     full_object,
+    per_request,
     sees_everything,
     workspaces_for,
 )
@@ -177,6 +189,131 @@ class WorkflowFilter(ScopedChoiceFilter):
             .values_list("pk", "name")
 
 
+class BucketFilter(admin.SimpleListFilter):
+    """A filter of named buckets, each a Q on the listed rows (`buckets`: key -> (label, a function giving the
+    Q)); its facet counts are one aggregate, a count per bucket."""
+
+    buckets: dict[str, tuple[str, Callable[[], Q]]] = {}
+
+    def lookups(self, request, model_admin):
+        return [(key, label) for key, (label, _) in self.buckets.items()]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        if self.value() not in self.buckets:
+            raise IncorrectLookupParameters(f"{self.parameter_name}: use one of {', '.join(self.buckets)}")
+        return queryset.filter(self.buckets[self.value()][1]())
+
+    def get_facet_counts(self, pk_attname, filtered_qs):
+        return {f"{index}__c": Count(pk_attname, filter=match())
+                for index, (_label, match) in enumerate(self.buckets.values())}
+
+
+class CostFilter(BucketFilter):
+    title, parameter_name = "cost", "cost"
+    buckets = {
+        "free": ("$0 (free or cached)", lambda: Q(usd_cost=0)),
+        "0.01": ("> $0.01", lambda: Q(usd_cost__gt=Decimal("0.01"))),
+        "0.10": ("> $0.10", lambda: Q(usd_cost__gt=Decimal("0.10"))),
+        "1": ("> $1", lambda: Q(usd_cost__gt=Decimal("1"))),
+    }
+
+
+class LatencyFilter(BucketFilter):
+    """Ended invocations by how long they ran (`duration`, annotated by the admin's queryset)."""
+
+    title, parameter_name = "duration", "duration"
+    buckets = {
+        "1s": ("under 1 s", lambda: Q(duration__lt=timedelta(seconds=1))),
+        "10s": ("1 s - 10 s", lambda: Q(duration__gte=timedelta(seconds=1), duration__lt=timedelta(seconds=10))),
+        "1m": ("10 s - 1 min", lambda: Q(duration__gte=timedelta(seconds=10), duration__lt=timedelta(minutes=1))),
+        "10m": ("1 min - 10 min", lambda: Q(duration__gte=timedelta(minutes=1), duration__lt=timedelta(minutes=10))),
+        "long": ("10 min or more", lambda: Q(duration__gte=timedelta(minutes=10))),
+    }
+
+
+class CreatedWithinFilter(BucketFilter):
+    """Invocations created in the last hour, day, week or month (the created_at indexes serve it)."""
+
+    title, parameter_name = "created", "created"
+    buckets = {key: (label, lambda window=window: Q(created_at__gte=timezone.now() - window))
+               for key, label, window in (("1h", "last hour", timedelta(hours=1)),
+                                          ("24h", "last 24 hours", timedelta(days=1)),
+                                          ("7d", "last 7 days", timedelta(days=7)),
+                                          ("30d", "last 30 days", timedelta(days=30)))}
+
+
+class NameFilter(admin.SimpleListFilter):
+    """A filter on a name the invocation used (a model, a tool), its choices the names of the user's workspaces
+    (`names(request)`, read once a request); `match(name)` is the Q of the invocations that used it. No facet
+    counts: each would search every listed invocation's nodes or messages once per name."""
+
+    limit = 200
+
+    def names(self, request) -> list[str]:
+        raise NotImplementedError
+
+    def match(self, name: str) -> Q:
+        raise NotImplementedError
+
+    def lookups(self, request, model_admin):
+        key = f"names:{type(self).__qualname__}"
+        return [(name, name) for name in per_request(request, key, lambda: self.names(request))[:self.limit]]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(self.match(self.value())) if self.value() else queryset
+
+    def get_facet_counts(self, pk_attname, filtered_qs):
+        return {}
+
+
+class ModelFilter(NameFilter):
+    """A model a node of the invocation is written for (its version's DSL) or was answered by (its calls)."""
+
+    title, parameter_name = "model", "model"
+    RECENT_NODES = 1000  # the answering models are read from this many latest node invocations
+
+    def names(self, request):
+        workspaces = workspaces_for(request)
+        configured = NodeVersion.objects.filter(workflow_version__workflow__workspace__in=workspaces) \
+            .order_by().values_list("llm_model", flat=True).distinct()[:self.limit]
+        answered = NodeInvocation.objects.filter(workflow_invocation__workspace__in=workspaces).exclude(model="") \
+            .order_by("-started_at").values_list("model", flat=True)[:self.RECENT_NODES]
+        return sorted({*configured, *answered})
+
+    def match(self, name):
+        return Q(Exists(NodeInvocation.objects.filter(workflow_invocation=OuterRef("pk"), model=name))) | Q(
+            workflow_version__in=NodeVersion.objects.filter(llm_model=name).values("workflow_version"))
+
+
+class ToolFilter(NameFilter):
+    """A tool the invocation called (its tool results: the partial index workflows_msg_tool_idx serves it)."""
+
+    title, parameter_name = "tool", "tool"
+
+    def names(self, request):
+        lists = NodeVersion.objects.filter(workflow_version__workflow__workspace__in=workspaces_for(request)) \
+            .exclude(tools=[]).order_by().values_list("tools", flat=True).distinct()[:self.limit]
+        return sorted({tool["name"] for tools in lists if isinstance(tools, list) for tool in tools
+                       if isinstance(tool, dict) and isinstance(tool.get("name"), str)})
+
+    def match(self, name):
+        return Q(pk__in=Message.objects.filter(role=Message.Role.TOOL).alias(tool=KT("payload__name"))
+                 .filter(tool=name).values("workflow_invocation_id"))
+
+
+class SearchedCountPaginator(EstimatedCountPaginator):
+    """A searched list counts its first `limit` matches only: a common word can match most of a big table, and
+    an exact count would read every match; the pages past the limit are not offered."""
+
+    limit = 1000
+
+    @cached_property
+    def count(self):
+        return self.object_list[:self.limit].count()
+
+
 class DecisionForm(forms.Form):
     node_seq = forms.IntegerField(min_value=1)
     decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject"), ("revise", "Revise")])
@@ -188,10 +325,13 @@ class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAd
     list_display = ("id", "workflow_name", "version_link", "status_display", "cost", "tokens", "node_count",
                     "created_at", "duration_display")
     list_display_links = ("id",)
-    list_filter = ("status", WorkflowFilter, WorkspaceFilter)
+    list_filter = ("status", WorkflowFilter, ModelFilter, ToolFilter, CostFilter, LatencyFilter, CreatedWithinFilter,
+                   WorkspaceFilter)
     list_select_related = ("workflow_version__workflow",)
     search_fields = ("id",)  # see get_search_results
-    search_help_text = "An invocation id, a durable run id, the start of a version hash, or a workflow name."
+    search_help_text = (f"Words said in an invocation (its messages, input or output; web search syntax: \"a phrase\", "
+                        f"or, -word), an invocation id, a durable run id, the start of a version hash, or a workflow "
+                        f"name; at most {SearchedCountPaginator.limit:,} matches are listed, newest first.")
     ordering = ("-created_at", "-id")
     show_full_result_count = False
     paginator = EstimatedCountPaginator
@@ -229,7 +369,16 @@ class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAd
             match |= Q(pk=int(term))
         if re.fullmatch(r"[0-9a-fA-F]{6,64}", term):
             match |= Q(workflow_version__dsl_hash__startswith=term.lower())
+        # words: each side read through its GIN index (the same expressions), into a set of ids probed per row
+        words = SearchQuery(term[:1000], config=SEARCH_CONFIG, search_type="websearch")
+        said = Message.objects.alias(words=message_search_vector()).filter(words=words)
+        own = WorkflowInvocation.objects.alias(words=invocation_search_vector()).filter(words=words)
+        match |= Q(pk__in=said.values("workflow_invocation_id")) | Q(pk__in=own.values("pk"))
         return queryset.filter(match), False
+
+    def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
+        paginator = SearchedCountPaginator if request.GET.get(SEARCH_VAR, "").strip() else self.paginator
+        return paginator(queryset, per_page, orphans, allow_empty_first_page)
 
     # ------------------------------------------------------------------------------ columns and fields
 

@@ -182,6 +182,143 @@ def test_invocation_list_shows_status_version_cost_tokens_nodes_and_duration(sta
     assert re.search(r"Completed\s*\(1\)", facets.content.decode())
 
 
+INVOCATIONS_URL = "/admin/workflows/workflowinvocation/"
+
+
+def listed(client, query: str) -> set[int]:
+    response = client.get(INVOCATIONS_URL + query)
+    assert response.status_code == 200, response
+    return {row.pk for row in response.context["cl"].result_list}
+
+
+@pytest.fixture
+def traces(workflow, other_workspace):
+    """Invocations whose words are in a tool result, an assistant answer, a hand-off, the input, the output;
+    and one of another workspace."""
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    rows = {}
+
+    def said(name, role, payload, **fields):
+        invocation = make_invocation(version, status="completed", **fields)
+        node = make_node(invocation, 1, "search")
+        if role:
+            make_message(invocation, node, 10_001, role, payload)
+        rows[name] = invocation
+
+    said("tool", "tool", {"content": "The flux capacitor needs 1.21 gigawatts.", "name": "knowledge_search",
+                          "tool_call_id": "c1"})
+    said("assistant", "assistant", {"content": "Penguins huddle together against the cold.", "model": "m"})
+    said("handoff", "delegation", {"text": "Check the lighthouse keeper's logbook."})
+    said("input", None, None, input={"question": "Where do albatrosses nest?"})
+    said("output", None, None, output={"text": "Marmalade is made of bitter oranges.", "node_id": "merge"})
+    elsewhere, _ = workflow_version_create(workflow=workflow_create(workspace=other_workspace, name="globex"),
+                                           dsl=cyclic_dsl())
+    foreign = make_invocation(elsewhere, status="completed")
+    make_message(foreign, make_node(foreign, 1, "search"), 10_001, "tool",
+                 {"content": "A zeppelin over the penguins.", "name": "knowledge_search"})
+    rows["foreign"] = foreign
+    return rows
+
+
+def test_the_invocation_search_finds_words_said_in_its_messages_input_and_output(staff_client, outsider_client,
+                                                                                traces):
+    assert listed(staff_client, "?q=gigawatts") == {traces["tool"].pk}  # a tool result
+    assert listed(staff_client, "?q=penguin") == {traces["assistant"].pk}  # an answer (stemmed: penguins)
+    assert listed(staff_client, "?q=lighthouse+logbook") == {traces["handoff"].pk}
+    assert listed(staff_client, "?q=albatross") == {traces["input"].pk}
+    assert listed(staff_client, "?q=marmalade") == {traces["output"].pk}
+    assert listed(staff_client, '?q="flux capacitor"') == {traces["tool"].pk}
+    assert listed(staff_client, '?q="capacitor flux"') == set()  # a phrase in its order only
+    assert listed(staff_client, "?q=penguins+-huddle") == set()
+    # a word said only in another workspace's invocation finds nothing; its own workspace finds it
+    assert listed(staff_client, "?q=zeppelin") == set()
+    assert listed(outsider_client, "?q=zeppelin") == {traces["foreign"].pk}
+    assert listed(outsider_client, "?q=penguins") == {traces["foreign"].pk}
+    # the other matches stay: an id, a workflow's name
+    assert listed(staff_client, f"?q={traces['tool'].pk}") == {traces["tool"].pk}
+    assert listed(staff_client, "?q=research") == {row.pk for name, row in traces.items() if name != "foreign"}
+    assert listed(staff_client, "?q=%22%22%22") == set()  # quotes only: no words, no error
+
+
+def test_the_trace_search_is_served_by_the_full_text_indexes(staff_client, traces):
+    """The changelist's query, as it ran, can be answered through both GIN indexes (sequential scans off: on a
+    table this small the planner would rather read it all)."""
+    with CaptureQueriesContext(connection) as captured:
+        assert listed(staff_client, "?q=gigawatts") == {traces["tool"].pk}
+    (query,) = [entry["sql"] for entry in captured.captured_queries
+                if "@@" in entry["sql"] and entry["sql"].startswith('SELECT "workflows_workflowinvocation"."id"')]
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + query)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("SET LOCAL enable_seqscan = on")
+    assert "workflows_msg_search_idx" in plan and "workflows_inv_search_idx" in plan, plan
+
+
+def test_a_searched_list_counts_at_most_its_first_matches(staff_client, workflow, monkeypatch):
+    from workflows.admin import SearchedCountPaginator, WorkflowInvocationAdmin
+
+    monkeypatch.setattr(SearchedCountPaginator, "limit", 3)
+    monkeypatch.setattr(WorkflowInvocationAdmin, "list_per_page", 2)
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    made = [make_invocation(version, status="completed", output={"text": "common words"}) for _ in range(5)]
+    changelist = staff_client.get(INVOCATIONS_URL + "?q=common").context["cl"]
+    assert changelist.result_count == 3 and changelist.paginator.num_pages == 2
+    assert [row.pk for row in changelist.result_list] == [made[4].pk, made[3].pk]  # newest first
+    assert listed(staff_client, "?q=common&p=2") == {made[2].pk}
+
+
+def test_the_invocation_list_filters_by_model_tool_cost_duration_and_date(staff_client, outsider_client, workflow,
+                                                                          other_workspace):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    mistral, _ = workflow_version_create(workflow=workflow_create(workspace=workflow.workspace, name="mistral"), dsl={
+        "entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "mistral-small"}]})
+    start = timezone.now() - timedelta(hours=1)
+    free = make_invocation(version, status="completed", started=start, ended=start + timedelta(milliseconds=300))
+    cheap = make_invocation(version, status="completed", usd_cost=Decimal("0.005"), started=start,
+                            ended=start + timedelta(seconds=5))
+    paid = make_invocation(version, status="completed", usd_cost=Decimal("0.05"), started=start,
+                           ended=start + timedelta(seconds=30))
+    dear = make_invocation(mistral, status="failed", usd_cost=Decimal("2.5"), started=start,
+                           ended=start + timedelta(minutes=20))
+    make_node(cheap, 1, "orchestrator", model="offline-directive-v1")
+    searched = make_node(paid, 1, "search")
+    make_message(paid, searched, 10_002, "tool", {"content": "hits", "name": "knowledge_search"})
+    make_message(cheap, make_node(cheap, 2, "search"), 20_002, "assistant", {
+        "content": "", "tool_calls": [{"id": "c", "name": "knowledge_search", "arguments": {}}]})  # asked, never ran
+    WorkflowInvocation.objects.filter(pk=dear.pk).update(created_at=timezone.now() - timedelta(days=3))
+
+    assert listed(staff_client, "?model=mistral-small") == {dear.pk}  # the model its version names
+    assert listed(staff_client, "?model=offline-directive-v1") == {cheap.pk}  # the model that answered
+    assert listed(staff_client, "?model=gpt-4.1-mini") == {free.pk, cheap.pk, paid.pk}
+    assert listed(staff_client, "?tool=knowledge_search") == {paid.pk}
+    assert listed(staff_client, "?tool=tavily") == set()
+    assert listed(staff_client, "?cost=free") == {free.pk}
+    assert listed(staff_client, "?cost=0.01") == {paid.pk, dear.pk}
+    assert listed(staff_client, "?cost=0.10") == listed(staff_client, "?cost=1") == {dear.pk}
+    assert listed(staff_client, "?duration=1s") == {free.pk}
+    assert listed(staff_client, "?duration=10s") == {cheap.pk}
+    assert listed(staff_client, "?duration=1m") == {paid.pk}
+    assert listed(staff_client, "?duration=long") == {dear.pk}
+    assert listed(staff_client, "?created=24h") == {free.pk, cheap.pk, paid.pk}
+    assert listed(staff_client, "?created=7d&cost=1&status__exact=failed") == {dear.pk}
+    assert listed(staff_client, "?q=hits&tool=knowledge_search") == {paid.pk}
+    assert staff_client.get(INVOCATIONS_URL + "?cost=lots").url.endswith("?e=1")  # refused, not a server error
+    # the choices: the names of the user's workspaces only
+    page = staff_client.get(INVOCATIONS_URL).content.decode()
+    for name in ("mistral-small", "offline-directive-v1", "gpt-4.1-mini", "knowledge_search", "tavily", "&gt; $1",
+                 "10 min or more", "last 24 hours"):
+        assert name in page, name
+    elsewhere, _ = workflow_version_create(workflow=workflow_create(workspace=other_workspace, name="globex"), dsl={
+        "entryNodeId": "z", "nodes": [{"nodeId": "z", "gatewayModelId": "grok-9", "codeTools": ["web_fetch"]}]})
+    make_node(make_invocation(elsewhere), 1, "z", model="grok-9-answer")
+    page = staff_client.get(INVOCATIONS_URL).content.decode()
+    assert "grok-9" not in page and "web_fetch" not in page
+    outsider = outsider_client.get(INVOCATIONS_URL).content.decode()
+    assert "grok-9-answer" in outsider and "web_fetch" in outsider and "mistral-small" not in outsider
+    assert listed(outsider_client, "?model=mistral-small") == set()
+
+
 # ------------------------------------------------------------------------------------- version page
 
 def test_version_page_draws_the_graph_and_lists_nodes_unresolved_tools_dsl_and_genealogy(staff_client, workflow):
@@ -813,13 +950,32 @@ def test_invocation_list_query_count_does_not_grow_with_rows(staff_client, workf
     url = reverse("admin:workflows_workflowinvocation_changelist")
     one = count_queries(staff_client, url)
     with_counts = count_queries(staff_client, url + "?_facets=True")
-    assert with_counts == one + 3  # one aggregate per filter (status, workflow, workspace); choices read once
+    # one aggregate per filter (status, workflow, cost, duration, created, workspace; model and tool count nothing);
+    # choices read once
+    assert with_counts == one + 6
     other, _ = workflow_version_create(workflow=workflow_create(workspace=workflow.workspace, name="second"),
                                        dsl=cyclic_dsl(entryNodeId="search"))
     for index in range(30):
         make_invocation(version if index % 2 else other, status="running", started=timezone.now())
     assert count_queries(staff_client, url) == one
     assert count_queries(staff_client, url + "?_facets=True") == with_counts
+
+
+def test_a_searched_and_filtered_invocation_list_query_count_does_not_grow_with_rows(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+
+    def traced():
+        invocation = make_invocation(version, status="completed", started=timezone.now(), ended=timezone.now())
+        node = make_node(invocation, 1, "search", model="gpt-4.1-mini")
+        make_message(invocation, node, 10_001, "tool", {"content": "gigawatts", "name": "knowledge_search"})
+
+    traced()
+    url = INVOCATIONS_URL + "?q=gigawatts&tool=knowledge_search&model=gpt-4.1-mini&cost=free&duration=1s&created=24h"
+    one, with_counts = count_queries(staff_client, url), count_queries(staff_client, url + "&_facets=True")
+    for _ in range(30):
+        traced()
+    assert (count_queries(staff_client, url), count_queries(staff_client, url + "&_facets=True")) == (one, with_counts)
+    assert len(listed(staff_client, url[len(INVOCATIONS_URL):])) == 31
 
 
 def test_history_lists_query_count_does_not_grow_with_rows(staff_client, workflow):
@@ -853,6 +1009,8 @@ def test_change_pages_query_count_does_not_grow_with_nodes_messages_or_children(
     make_message(invocation, node, 10_000, "data", {"text": "hi"})
     invocation_url = change_url("workflowinvocation", invocation.pk)
     version_url = change_url("workflowversion", version.pk)
+    for url in (invocation_url, version_url):  # the content types' cache filled, whichever test ran before
+        count_queries(staff_client, url)
     small = (count_queries(staff_client, invocation_url), count_queries(staff_client, version_url))
 
     for seq in range(2, 15):
