@@ -526,6 +526,135 @@ def test_invocation_page_links_context_entries_downloaded_through_the_admin(staf
     assert "/media/" not in staff_client.get(change_url("contextentry", entry.pk)).content.decode()
 
 
+# ----------------------------------------------------------------------------- scores, add to golden set
+
+def evals_staff(username, workspace, *, add_items=True):
+    """A staff member with the workflows' permissions and the evals' (without adding golden items, if asked)."""
+    user = admin_staff(username, workspace, apps=("workflows", "evals"))
+    if not add_items:
+        user.user_permissions.remove(Permission.objects.get(codename="add_goldenitem"))
+    return user
+
+
+@pytest.fixture
+def graded(workflow, other_workspace):
+    """An invocation graded by two eval runs (one of them with a failing item), and golden sets of its workspace
+    and of another."""
+    from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
+
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation = make_invocation(version, status="completed", input={"text": "How long do refunds take?"},
+                                 output={"text": "Refunds take five days.", "node_id": "merge"})
+    golden = GoldenSet.objects.create(workspace=workflow.workspace, name="refunds", workflow=workflow)
+    item = GoldenItem.objects.create(golden_set=golden, position=1, input={"text": "How long do refunds take?"},
+                                     expected_output="five business days", tags=["critical"], split="test")
+    runs = [EvalRun.objects.create(workspace=workflow.workspace, golden_set=golden, workflow_version=version,
+                                   status="completed") for _ in range(2)]
+    GoldenResult.objects.create(eval_run=runs[0], golden_item=item, workflow_version=version,
+                                workflow_invocation=invocation, score=0.8, passed=True, grader="contains+token_f1",
+                                grades=[{"kind": "contains", "score": 1.0, "weight": 2},
+                                        {"kind": "token_f1", "score": 0.4}], reuse_key="a")
+    GoldenResult.objects.create(eval_run=runs[1], golden_item=item, workflow_version=version,
+                                workflow_invocation=invocation, score=0.2, passed=False, grader="llm_judge",
+                                grades=[{"kind": "llm_judge", "error": "the judge timed out"}], reuse_key="b")
+    other = GoldenSet.objects.create(workspace=other_workspace, name="globex set")
+    return {"invocation": invocation, "set": golden, "other_set": other, "runs": runs, "item": item}
+
+
+def test_the_invocation_page_shows_the_scores_that_graded_it(workspace, graded):
+    client = client_of(evals_staff("grader", workspace))
+    response = client.get(change_url("workflowinvocation", graded["invocation"].pk))
+    html = response.content.decode()
+    (panel,) = response.context["panels"]
+    assert [(row["golden_set"], row["score"], row["passed"], row["run"]) for row in panel["scores"]] == [
+        ("refunds", "0.200", False, graded["runs"][1].pk), ("refunds", "0.800", True, graded["runs"][0].pk)]
+    assert [(grade["kind"], grade["score"]) for grade in panel["scores"][1]["grades"]] == [
+        ("contains", "1.000"), ("token_f1", "0.400")]
+    assert panel["scores"][0]["grades"] == [{"kind": "llm_judge", "score": "error", "weight": None}]
+    assert reverse("admin:evals_evalrun_change", args=[graded["runs"][0].pk]) in html
+    assert "#1 How long do refunds take?" in html and "contains: 1.000 (weight 2)" in html
+    assert '<span class="ev-fail">failed</span>' in html and '<span class="ev-pass">passed</span>' in html
+    ungraded = make_invocation(graded["invocation"].workflow_version, status="completed")
+    assert "No eval run has graded this invocation." in client.get(
+        change_url("workflowinvocation", ungraded.pk)).content.decode()
+
+
+def test_the_invocation_pages_scores_and_form_query_count_does_not_grow_with_results_or_sets(workspace, graded):
+    from evals.models import EvalRun, GoldenResult, GoldenSet
+
+    client = client_of(evals_staff("grader", workspace))
+    url = change_url("workflowinvocation", graded["invocation"].pk)
+    client.get(url)  # the content types' cache filled
+    before = count_queries(client, url)
+    for index in range(8):
+        run = EvalRun.objects.create(workspace=workspace, golden_set=graded["set"], status="completed",
+                                     workflow_version=graded["invocation"].workflow_version)
+        GoldenResult.objects.create(eval_run=run, golden_item=graded["item"], workflow_invocation=graded["invocation"],
+                                    workflow_version=run.workflow_version, score=0.5, reuse_key=str(index))
+        GoldenSet.objects.create(workspace=workspace, name=f"set {index}")
+    assert count_queries(client, url) == before
+
+
+def add_item_url(invocation) -> str:
+    return reverse("admin:evals_goldenitem_from_invocation") + f"?invocation={invocation.pk}"
+
+
+def test_add_to_golden_set_prefills_the_form_and_creates_the_item(workspace, graded):
+    from evals.models import GoldenItem
+
+    client = client_of(evals_staff("curator", workspace))
+    invocation = graded["invocation"]
+    page = client.get(change_url("workflowinvocation", invocation.pk))
+    form = page.context["panels"][0]["form"]
+    assert [choice for choice in form.fields["golden_set"].choices] == [(graded["set"].pk, "refunds")]
+    html = page.content.decode()
+    assert "Add to golden set" in html and "Refunds take five days.</textarea>" in html
+    assert "globex set" not in html
+
+    response = client.post(add_item_url(invocation), {
+        "golden_set": graded["set"].pk, "input": json.dumps(invocation.input),
+        "expected_output": "Refunds take five business days.", "scoring_criteria": "names the delay",
+        "tags": "critical, refunds"})
+    assert response.status_code == 302 and response.url.endswith(
+        change_url("workflowinvocation", invocation.pk) + "#ev-invocation-evals")
+    item = GoldenItem.objects.get(golden_set=graded["set"], position=2)
+    assert (item.input, item.expected_output, item.scoring_criteria, item.tags) == (
+        {"text": "How long do refunds take?"}, "Refunds take five business days.", "names the delay",
+        ["critical", "refunds"])
+    assert item.metadata == {"from_invocation": invocation.pk} and item.split in ("train", "validation", "test")
+    assert any("Added item #2" in text and "refunds" in text for text in messages_of(response))
+
+
+def test_add_to_golden_set_refuses_another_workspaces_set_bad_fields_csrf_and_no_permission(
+        workspace, other_workspace, graded):
+    from evals.models import GoldenItem
+
+    invocation = graded["invocation"]
+    curator = evals_staff("curator", workspace)
+    client = client_of(curator)
+    data = {"golden_set": graded["other_set"].pk, "input": '{"text": "x"}', "expected_output": "y"}
+    refused = client.post(add_item_url(invocation), data)
+    assert refused.status_code == 400 and "golden_set" in refused.context["form"].errors
+    assert any("Not added: golden_set" in text for text in messages_of(refused))
+    bad = client.post(add_item_url(invocation), {**data, "golden_set": graded["set"].pk, "input": "{nope"})
+    assert bad.status_code == 400 and list(bad.context["form"].errors) == ["input"]
+    empty = client.post(add_item_url(invocation), {**data, "golden_set": graded["set"].pk, "input": "{}"})
+    assert empty.status_code == 400 and "is required" in str(empty.context["form"].errors["input"])
+    assert not GoldenItem.objects.filter(position__gt=1).exists()
+
+    checked = Client(enforce_csrf_checks=True)
+    checked.force_login(curator)
+    assert checked.post(add_item_url(invocation), {**data, "golden_set": graded["set"].pk}).status_code == 403
+    reader = client_of(evals_staff("reader", workspace, add_items=False))
+    assert "Add to golden set" not in reader.get(change_url("workflowinvocation", invocation.pk)).content.decode()
+    assert reader.post(add_item_url(invocation), {**data, "golden_set": graded["set"].pk}).status_code == 403
+    # another workspace's staff cannot reach the invocation (as a missing one), even with a set of its own
+    outsider = client_of(evals_staff("globex-curator", other_workspace))
+    away = outsider.post(add_item_url(invocation), {**data})
+    assert away.status_code == 302 and not GoldenItem.objects.filter(golden_set=graded["other_set"]).exists()
+    assert GoldenItem.objects.count() == 1
+
+
 # ----------------------------------------------------------------------------------- approve / reject
 
 def decide(client, invocation, **data):
