@@ -57,7 +57,8 @@ class TagsField(forms.CharField):
 class ItemFromInvocationForm(forms.Form):
     golden_set = forms.ModelChoiceField(queryset=GoldenSet.objects.none(), empty_label=None,
                                         help_text="A golden set of the invocation's workspace.")
-    input = forms.JSONField(help_text="The item's input (JSON), from the invocation's input.")
+    input = forms.JSONField(widget=forms.Textarea(attrs={"rows": 3}),
+                            help_text="The item's input (JSON), from the invocation's input.")
     expected_output = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}),
                                       help_text="From the invocation's output: edit it into the answer you expect.")
     scoring_criteria = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))

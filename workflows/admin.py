@@ -38,6 +38,7 @@ from django.db.models.fields.json import KT
 from django.http import FileResponse, Http404
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.formats import date_format
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
@@ -323,7 +324,7 @@ class DecisionForm(forms.Form):
 @admin.register(WorkflowInvocation)
 class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     list_display = ("id", "workflow_name", "version_link", "status_display", "cost", "tokens", "node_count",
-                    "created_at", "duration_display")
+                    "created", "duration_display")
     list_display_links = ("id",)
     list_filter = ("status", WorkflowFilter, ModelFilter, ToolFilter, CostFilter, LatencyFilter, CreatedWithinFilter,
                    WorkspaceFilter)
@@ -381,6 +382,10 @@ class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAd
         return paginator(queryset, per_page, orphans, allow_empty_first_page)
 
     # ------------------------------------------------------------------------------ columns and fields
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, invocation):
+        return date_format(timezone.localtime(invocation.created_at), "Y-m-d H:i:s")
 
     @admin.display(description="workflow", ordering="workflow_version__workflow__name")
     def workflow_name(self, invocation):
