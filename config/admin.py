@@ -1,5 +1,7 @@
 """Admin building blocks shared by the apps (no models are registered here)."""
 
+from collections.abc import Callable
+
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connection
@@ -81,3 +83,26 @@ class NamedObjectMixin:
         if obj is not None:
             context["subtitle"] = context["object_name"] = self.object_name(obj)
         return super().render_change_form(request, context, add, change, form_url, obj)
+
+
+class ChangePagePanels:
+    """Sections an app adds to the change page of a model of an app below it (the evals' scores and "add to
+    golden set" on a workflow invocation's page): the lower app's page draws what the panels registered for its
+    model give, and never imports the app above (DESIGN.md: apps depend downwards only). A panel is
+    `panel(request, obj) -> dict | None`: the context of its section, with the "template" that draws it, or None
+    to draw nothing; it is called once a page, and its queries count in the page's budget."""
+
+    def __init__(self):
+        self._panels: dict[str, dict[str, Callable]] = {}
+
+    def register(self, model, panel: Callable) -> Callable:
+        # keyed by the panel's name: importing the registering module again registers it once
+        self._panels.setdefault(model._meta.label, {})[f"{panel.__module__}.{panel.__qualname__}"] = panel
+        return panel
+
+    def for_object(self, request, obj) -> list[dict]:
+        drawn = (panel(request, obj) for panel in self._panels.get(obj._meta.label, {}).values())
+        return [context for context in drawn if context]
+
+
+change_page_panels = ChangePagePanels()

@@ -12,6 +12,8 @@
   (server-rendered SVG), every item's result, a link to the durable run, a Cancel button while the
   run is active and a Propose rewrite button (`rewriter.propose`) once it completed.
 - Golden results (append-only) and promotions (history): read-only, payloads as pretty JSON.
+- A workflow invocation's page gets the results that graded it and an "Add to golden set" form, posted to the
+  golden items' `from-invocation/` view (evals/admin_invocation.py), drawn there as a change-page panel.
 
 Every POST view refuses GET (405), is CSRF-protected (`admin_view`), treats another workspace's
 object as a missing one (as the change page does), and needs the model's change permission: the
@@ -35,12 +37,13 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from config.admin import EstimatedCountPaginator, NamedObjectMixin, PostActionsMixin, ReadOnlyAdmin
+from config.admin import EstimatedCountPaginator, NamedObjectMixin, PostActionsMixin, ReadOnlyAdmin, change_page_panels
 from config.display import clipped, durable_run_link, excerpt, json_html, number_field, pretty_json, status_badge, usd
 from config.display import percent as percent_text
 from config.display import score as score_text
 from config.display import seconds as seconds_text
 from evals import charts, importing, rewriter
+from evals.admin_invocation import ItemFromInvocationViews, invocation_evals_panel
 from evals.admin_views import (
     EXCERPT,
     VERSION_CHOICES,
@@ -65,7 +68,7 @@ from evals.services import (
 )
 from evals.splits import SPLITS
 from workflows.execution import input_text
-from workflows.models import WorkflowVersion
+from workflows.models import WorkflowInvocation, WorkflowVersion
 from workspaces.admin_scope import (
     ScopedChoiceFilter,
     WorkspaceFilter,
@@ -73,6 +76,9 @@ from workspaces.admin_scope import (
     full_object,
     workspaces_for,
 )
+
+# a workflow invocation's page shows the results that graded it and a form adding it to a golden set
+change_page_panels.register(WorkflowInvocation, invocation_evals_panel)
 
 RESULT_LIMIT = 1000  # results shown on an eval run's page; the golden results list pages through the rest
 RECENT_RUNS = 10  # runs listed on a golden set's page
@@ -403,9 +409,10 @@ class ItemWorkspaceFilter(WorkspaceFilter):
 
 
 @admin.register(GoldenItem)
-class GoldenItemAdmin(NamedObjectMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
+class GoldenItemAdmin(ItemFromInvocationViews, NamedObjectMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     """Every item of the user's sets with its split, to read and filter across sets; an item is edited on its
-    set's page (which refuses changes while an eval run of the set is in progress)."""
+    set's page (which refuses changes while an eval run of the set is in progress), or added from an invocation
+    (evals/admin_invocation.py)."""
 
     workspace_field = "golden_set__workspace"
     list_display = ("id", "golden_set_link", "position", "input_display", "tags_display", "split")

@@ -23,24 +23,43 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from decimal import Decimal
 from pathlib import PurePosixPath
 from urllib.parse import quote_plus
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.views.main import SEARCH_VAR
 from django.contrib.auth import get_user_model
+from django.contrib.postgres.search import SearchQuery
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import models
-from django.db.models import BooleanField, Count, DurationField, ExpressionWrapper, F, OuterRef, Prefetch, Q, Subquery
+from django.db.models import (
+    BooleanField,
+    Count,
+    DurationField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Prefetch,
+    Q,
+    Subquery,
+)
+from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 from django.http import FileResponse, Http404
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.formats import date_format
+from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
+from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin, change_page_panels
 from config.display import (
     clipped,
     durable_run_link,
@@ -55,6 +74,7 @@ from config.display import (
     usd,
 )
 from config.display import seconds as seconds_text
+from knowledge.models import SEARCH_CONFIG
 from workflows import charts, graph, selectors, services
 from workflows.admin_views import VersionViews
 from workflows.models import (
@@ -65,10 +85,13 @@ from workflows.models import (
     McpTool,
     Message,
     NodeInvocation,
+    NodeVersion,
     UserServerConfig,
     Workflow,
     WorkflowInvocation,
     WorkflowVersion,
+    invocation_search_vector,
+    message_search_vector,
 )
 from workflows.selectors import NodeCalls, node_calls
 from workspaces.admin_scope import (
@@ -76,6 +99,7 @@ from workspaces.admin_scope import (
     WorkspaceFilter,
     WorkspaceScopedAdmin,
     full_object,
+    per_request,
     sees_everything,
     workspaces_for,
 )
@@ -294,21 +318,149 @@ class WorkflowFilter(ScopedChoiceFilter):
             .values_list("pk", "name")
 
 
+class BucketFilter(admin.SimpleListFilter):
+    """A filter of named buckets, each a Q on the listed rows (`buckets`: key -> (label, a function giving the
+    Q)); its facet counts are one aggregate, a count per bucket."""
+
+    buckets: dict[str, tuple[str, Callable[[], Q]]] = {}
+
+    def lookups(self, request, model_admin):
+        return [(key, label) for key, (label, _) in self.buckets.items()]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        if self.value() not in self.buckets:
+            raise IncorrectLookupParameters(f"{self.parameter_name}: use one of {', '.join(self.buckets)}")
+        return queryset.filter(self.buckets[self.value()][1]())
+
+    def get_facet_counts(self, pk_attname, filtered_qs):
+        return {f"{index}__c": Count(pk_attname, filter=match())
+                for index, (_label, match) in enumerate(self.buckets.values())}
+
+
+class CostFilter(BucketFilter):
+    title, parameter_name = "cost", "cost"
+    buckets = {
+        "free": ("$0 (free or cached)", lambda: Q(usd_cost=0)),
+        "0.01": ("> $0.01", lambda: Q(usd_cost__gt=Decimal("0.01"))),
+        "0.10": ("> $0.10", lambda: Q(usd_cost__gt=Decimal("0.10"))),
+        "1": ("> $1", lambda: Q(usd_cost__gt=Decimal("1"))),
+    }
+
+
+class LatencyFilter(BucketFilter):
+    """Ended invocations by how long they ran (`duration`, annotated by the admin's queryset)."""
+
+    title, parameter_name = "duration", "duration"
+    buckets = {
+        "1s": ("under 1 s", lambda: Q(duration__lt=timedelta(seconds=1))),
+        "10s": ("1 s - 10 s", lambda: Q(duration__gte=timedelta(seconds=1), duration__lt=timedelta(seconds=10))),
+        "1m": ("10 s - 1 min", lambda: Q(duration__gte=timedelta(seconds=10), duration__lt=timedelta(minutes=1))),
+        "10m": ("1 min - 10 min", lambda: Q(duration__gte=timedelta(minutes=1), duration__lt=timedelta(minutes=10))),
+        "long": ("10 min or more", lambda: Q(duration__gte=timedelta(minutes=10))),
+    }
+
+
+class CreatedWithinFilter(BucketFilter):
+    """Invocations created in the last hour, day, week or month (the created_at indexes serve it)."""
+
+    title, parameter_name = "created", "created"
+    buckets = {key: (label, lambda window=window: Q(created_at__gte=timezone.now() - window))
+               for key, label, window in (("1h", "last hour", timedelta(hours=1)),
+                                          ("24h", "last 24 hours", timedelta(days=1)),
+                                          ("7d", "last 7 days", timedelta(days=7)),
+                                          ("30d", "last 30 days", timedelta(days=30)))}
+
+
+class NameFilter(admin.SimpleListFilter):
+    """A filter on a name the invocation used (a model, a tool), its choices the names of the user's workspaces
+    (`names(request)`, read once a request); `match(name)` is the Q of the invocations that used it. No facet
+    counts: each would search every listed invocation's nodes or messages once per name."""
+
+    limit = 200
+
+    def names(self, request) -> list[str]:
+        raise NotImplementedError
+
+    def match(self, name: str) -> Q:
+        raise NotImplementedError
+
+    def lookups(self, request, model_admin):
+        key = f"names:{type(self).__qualname__}"
+        return [(name, name) for name in per_request(request, key, lambda: self.names(request))[:self.limit]]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(self.match(self.value())) if self.value() else queryset
+
+    def get_facet_counts(self, pk_attname, filtered_qs):
+        return {}
+
+
+class ModelFilter(NameFilter):
+    """A model a node of the invocation is written for (its version's DSL) or was answered by (its calls)."""
+
+    title, parameter_name = "model", "model"
+    RECENT_NODES = 1000  # the answering models are read from this many latest node invocations
+
+    def names(self, request):
+        workspaces = workspaces_for(request)
+        configured = NodeVersion.objects.filter(workflow_version__workflow__workspace__in=workspaces) \
+            .order_by().values_list("llm_model", flat=True).distinct()[:self.limit]
+        answered = NodeInvocation.objects.filter(workflow_invocation__workspace__in=workspaces).exclude(model="") \
+            .order_by("-started_at").values_list("model", flat=True)[:self.RECENT_NODES]
+        return sorted({*configured, *answered})
+
+    def match(self, name):
+        return Q(Exists(NodeInvocation.objects.filter(workflow_invocation=OuterRef("pk"), model=name))) | Q(
+            workflow_version__in=NodeVersion.objects.filter(llm_model=name).values("workflow_version"))
+
+
+class ToolFilter(NameFilter):
+    """A tool the invocation called (its tool results: the partial index workflows_msg_tool_idx serves it)."""
+
+    title, parameter_name = "tool", "tool"
+
+    def names(self, request):
+        lists = NodeVersion.objects.filter(workflow_version__workflow__workspace__in=workspaces_for(request)) \
+            .exclude(tools=[]).order_by().values_list("tools", flat=True).distinct()[:self.limit]
+        return sorted({tool["name"] for tools in lists if isinstance(tools, list) for tool in tools
+                       if isinstance(tool, dict) and isinstance(tool.get("name"), str)})
+
+    def match(self, name):
+        return Q(pk__in=Message.objects.filter(role=Message.Role.TOOL).alias(tool=KT("payload__name"))
+                 .filter(tool=name).values("workflow_invocation_id"))
+
+
+class SearchedCountPaginator(EstimatedCountPaginator):
+    """A searched list counts its first `limit` matches only: a common word can match most of a big table, and
+    an exact count would read every match; the pages past the limit are not offered."""
+
+    limit = 1000
+
+    @cached_property
+    def count(self):
+        return self.object_list[:self.limit].count()
+
+
 class DecisionForm(forms.Form):
     node_seq = forms.IntegerField(min_value=1)
-    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject"), ("revise", "Revise")])
     comment = forms.CharField(required=False, max_length=10_000, widget=forms.Textarea(attrs={"rows": 2}))
 
 
 @admin.register(WorkflowInvocation)
 class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAdmin):
     list_display = ("id", "workflow_name", "version_link", "status_display", "cost", "tokens", "node_count",
-                    "created_at", "duration_display")
+                    "created", "duration_display")
     list_display_links = ("id",)
-    list_filter = ("status", WorkflowFilter, WorkspaceFilter)
+    list_filter = ("status", WorkflowFilter, ModelFilter, ToolFilter, CostFilter, LatencyFilter, CreatedWithinFilter,
+                   WorkspaceFilter)
     list_select_related = ("workflow_version__workflow",)
     search_fields = ("id",)  # see get_search_results
-    search_help_text = "An invocation id, a durable run id, the start of a version hash, or a workflow name."
+    search_help_text = (f"Words said in an invocation (its messages, input or output; web search syntax: \"a phrase\", "
+                        f"or, -word), an invocation id, a durable run id, the start of a version hash, or a workflow "
+                        f"name; at most {SearchedCountPaginator.limit:,} matches are listed, newest first.")
     ordering = ("-created_at", "-id")
     show_full_result_count = False
     paginator = EstimatedCountPaginator
@@ -346,9 +498,22 @@ class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAd
             match |= Q(pk=int(term))
         if re.fullmatch(r"[0-9a-fA-F]{6,64}", term):
             match |= Q(workflow_version__dsl_hash__startswith=term.lower())
+        # words: each side read through its GIN index (the same expressions), into a set of ids probed per row
+        words = SearchQuery(term[:1000], config=SEARCH_CONFIG, search_type="websearch")
+        said = Message.objects.alias(words=message_search_vector()).filter(words=words)
+        own = WorkflowInvocation.objects.alias(words=invocation_search_vector()).filter(words=words)
+        match |= Q(pk__in=said.values("workflow_invocation_id")) | Q(pk__in=own.values("pk"))
         return queryset.filter(match), False
 
+    def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
+        paginator = SearchedCountPaginator if request.GET.get(SEARCH_VAR, "").strip() else self.paginator
+        return paginator(queryset, per_page, orphans, allow_empty_first_page)
+
     # ------------------------------------------------------------------------------ columns and fields
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, invocation):
+        return date_format(timezone.localtime(invocation.created_at), "Y-m-d H:i:s")
 
     @admin.display(description="workflow", ordering="workflow_version__workflow__name")
     def workflow_name(self, invocation):
@@ -421,13 +586,20 @@ class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAd
         entries = list(ContextEntry.objects.filter(workflow_invocation=invocation).order_by("created_at", "pk")
                        .defer("metadata"))
         by_node: dict[int | None, list[dict]] = {}
+        raw_by_node: dict[int | None, list[Message]] = {}
         for message in rows[:MESSAGE_LIMIT]:
             by_node.setdefault(message.node_invocation_id, []).append(message_view(message))
+            raw_by_node.setdefault(message.node_invocation_id, []).append(message)
         seq_of = {node.pk: node.seq for node in nodes}
         can_act = self.has_act_permission(request)
         calls = node_calls(invocation_id=invocation.pk)
+        chart = timeline(invocation, nodes)
         return {
-            "timeline": timeline(invocation, nodes),
+            "timeline": chart,
+            "span_tree": [{"seq": node.seq, "node_id": node.node_id, "bar": bar,
+                           "spans": node_spans(node, raw_by_node.get(node.pk, []), chart)}
+                          for node, bar in zip(nodes, chart["bars"], strict=True)],
+            "panels": change_page_panels.for_object(request, invocation),
             "node_views": [node_view(node, by_node.get(node.pk, []), can_act, calls.get(node.pk)) for node in nodes],
             "loose_messages": by_node.get(None, []),
             "messages_truncated": len(rows) > MESSAGE_LIMIT,
@@ -477,6 +649,11 @@ class WorkflowInvocationAdmin(PostActionsMixin, WorkspaceScopedAdmin, ReadOnlyAd
         except (services.InvalidInvocationState, services.InvocationRefused) as exc:
             self.message_user(request, f"Not recorded: {exc}", messages.ERROR)
             return self._back(invocation, f"node-{data['node_seq']}")
+        if data["decision"] == "revise":
+            self.message_user(request, f"Asked node {node.node_id} (#{node.seq}) of invocation {invocation.pk} for a "
+                                       "revision; the model answers your comment and the node waits for a decision "
+                                       "again.", messages.SUCCESS)
+            return self._back(invocation, f"node-{node.seq}")
         verb = "Approved" if data["decision"] == "approve" else "Rejected"
         self.message_user(request, f"{verb} node {node.node_id} (#{node.seq}) of invocation {invocation.pk}; "
                                    "the run goes on with the decision.", messages.SUCCESS)
@@ -536,7 +713,63 @@ def timeline(invocation: WorkflowInvocation, nodes: list[NodeInvocation]) -> dic
         })
     ticks = [{"left": f"{fraction * 100:.0f}", "label": seconds_text(total * fraction)}
              for fraction in (0, 0.25, 0.5, 0.75, 1)]
-    return {"bars": bars, "ticks": ticks, "total": seconds_text(total), "origin": origin}
+    return {"bars": bars, "ticks": ticks, "total": seconds_text(total), "origin": origin, "seconds": total}
+
+
+def _placed(chart: dict, start: datetime, end: datetime) -> dict:
+    """A span's offset and duration from the invocation's start, and its bar in % of the timeline's span."""
+    total = chart["seconds"]
+    offset = (start - chart["origin"]).total_seconds()
+    length = max((end - start).total_seconds(), 0)
+    left = min(max(offset / total * 100, 0), 100)
+    return {"offset": seconds_text(max(offset, 0)), "duration": seconds_text(length), "left": f"{left:.3f}",
+            "width": f"{min(max(length / total * 100, 0.4), max(100 - left, 0.4)):.3f}"}
+
+
+def _latency(payload: dict) -> timedelta | None:
+    value = payload.get("latency_ms")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e10:
+        return None
+    return timedelta(milliseconds=value)
+
+
+def node_spans(node: NodeInvocation, rows: list[Message], chart: dict) -> list[dict]:
+    """A node's spans, as a tree: its model calls in order (model, tokens, cost, duration, cached), each with the
+    tool calls of its round below it, and a revision an operator asked for where it opened. A message is written
+    as its call ends (`created_at`), so a call started its recorded latency earlier; one recorded without a
+    latency started where the message before it ended."""
+    spans: list[dict] = []
+    previous = node.started_at or chart["origin"]
+    for message in rows:
+        payload = message.payload if isinstance(message.payload, dict) else {}
+        end = message.created_at
+        latency = _latency(payload)
+        start = max(end - latency, chart["origin"]) if latency is not None else min(previous, end)
+        if message.role == Message.Role.ASSISTANT:
+            usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+            cached = bool(payload.get("cache_hit"))
+            try:
+                cost = usd(usage.get("usd_cost") or 0) if not cached else "$0.00"
+            except (ArithmeticError, ValueError, TypeError):
+                cost = "-"
+            purpose = _text(payload.get("purpose"))
+            spans.append({"kind": "llm", "seq": message.seq, "model": _text(payload.get("model") or usage.get("model")),
+                          "input_tokens": usage.get("input_tokens", 0), "output_tokens": usage.get("output_tokens", 0),
+                          "cost": cost, "cached": cached, "purpose": "" if purpose == "answer" else purpose,
+                          "tools": [], **_placed(chart, start, end)})
+        elif message.role == Message.Role.TOOL:
+            tool = {"kind": "tool", "seq": message.seq, "name": _text(payload.get("name")) or "a tool",
+                    "error": bool(payload.get("error")), **_placed(chart, start, end)}
+            if spans and spans[-1]["kind"] == "llm":
+                spans[-1]["tools"].append(tool)
+            else:
+                spans.append(tool)
+        elif message.role == Message.Role.USER and payload.get("revision"):
+            spans.append({"kind": "revision", "seq": message.seq, "revision": payload.get("revision"),
+                          "by": _text(payload.get("by_name")), "comment": excerpt(_text(payload.get("content")), 200),
+                          **_placed(chart, end, end)})
+        previous = end
+    return spans
 
 
 HANDOFF_ROLES = {Message.Role.DELEGATION, Message.Role.RESULT, Message.Role.FEEDBACK, Message.Role.DATA,
@@ -563,7 +796,7 @@ def message_view(message: Message) -> dict:
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else None
     extra = {key: value for key, value in payload.items()
              if key not in ("text", "content", "tool_calls", "usage", "cache_hit", "model", "latency_ms", "purpose",
-                            "name", "arguments", "tool_call_id", "error", "context_key")}
+                            "name", "arguments", "tool_call_id", "error", "context_key", "revision", "by_name")}
     return {
         "seq": message.seq, "role": message.role, "role_label": message.get_role_display(),
         "handoff": message.role in HANDOFF_ROLES,
@@ -578,6 +811,8 @@ def message_view(message: Message) -> dict:
                   "cache_hit": bool(payload.get("cache_hit")), "latency_ms": payload.get("latency_ms"),
                   "purpose": _text(payload.get("purpose"))} if usage else None,
         "extra": pretty_json(extra) if extra else "",
+        "revision": payload.get("revision") if message.role == Message.Role.USER else None,
+        "revision_by": _text(payload.get("by_name")),
     }
 
 
@@ -608,6 +843,8 @@ def node_view(node: NodeInvocation, node_messages: list[dict], can_act: bool, ca
                                   and approval.get("pending") and not sent),
         "can_decide": can_act,
         "sent": sent, "decided": decided,
+        "revision": approval.get("revision", 0) if approval else 0,
+        "history": [entry for entry in approval.get("history") or [] if isinstance(entry, dict)] if approval else [],
         "messages": node_messages,
     }
 

@@ -15,8 +15,11 @@ hand-offs decide what runs next, until no node is left to run.
   with all their outputs. `end` (or a node with no hand-offs) finishes a branch; the invocation's
   output is the last output that reached an end.
 - `requiresApproval`: once the node has answered, the invocation waits for the signal
-  `approval:<node seq>` ({"decision": "approve"|"reject", "comment"}); a rejection fails the
-  invocation with the comment.
+  `approval:<node seq>` ({"decision": "approve"|"reject"|"revise", "comment"}); a rejection fails the
+  invocation with the comment. A revision hands the comment to the model as a user message ("An
+  operator asked for a revision: ...") and runs the agent loop again (up to `maxSteps` rounds, its
+  steps named `node:<seq>:r<n>:...`, its signal `approval:<seq>:<n>`), then waits for a decision on
+  the new answer; a node takes at most REVISIONS_PER_NODE revisions.
 - Budgets: at most `node_budget` node invocations (default 14, which bounds cycles) and
   `usd_budget` USD of model calls; exceeding either fails the invocation with that reason.
   Parallel branches each get an equal share of what was left at the fan-out (so a fan overshoots
@@ -68,6 +71,21 @@ class InvocationFailed(Exception):
 
 class NodeRejected(InvocationFailed):
     """An operator rejected a node's answer."""
+
+
+REVISIONS_PER_NODE = 20  # "revise" decisions a node takes (each is an operator's act; this bounds a runaway script)
+
+
+class Conversation:
+    """A node's conversation with its model as the agent loop builds it: the messages so far, the tools it
+    offers and the answer format, kept across the rounds of its revisions."""
+
+    def __init__(self, node: dict, started: execution.NodeStarted, messages: list[dict]):
+        self.node, self.started, self.messages = node, started, messages
+        self.bindings = {tool["name"]: tool for tool in started["tools"]}
+        self.specs = [{"name": tool["name"], "description": tool["description"], "parameters": tool["parameters"]}
+                      for tool in started["tools"]]
+        self.output_format = None
 
 
 @workflow(INVOKE_WORKFLOW)  # started by workflows.services.invocation_start only
@@ -207,9 +225,9 @@ class NodeRun:
         started = ctx.transaction(f"node:{seq}:start", execution.node_start, self.invocation_id, self.workspace_id,
                                   seq, node, self.plan["node_versions"].get(node_id), inbox, task)
         try:
-            output, offset = self._agent_loop(node, seq, started, inbox, task)
+            conversation, output, offset = self._agent_loop(node, seq, started, inbox, task)
             if node["requiresApproval"]:
-                self._approval(node_id, seq, output)
+                output, offset = self._approval(node, seq, started, conversation, output, offset)
             targets, role = self._next(node, seq, started["id"], offset, task, output)
         except Exception as exc:
             ctx.transaction(f"node:{seq}:failed", execution.node_finish, self.invocation_id, seq,
@@ -252,26 +270,33 @@ class NodeRun:
         return response, result["offset"]
 
     def _agent_loop(self, node: dict, seq: int, started: execution.NodeStarted, inbox: list[dict],
-                    task: str) -> tuple[str, int]:
-        bindings = {tool["name"]: tool for tool in started["tools"]}
-        specs = [{"name": tool["name"], "description": tool["description"], "parameters": tool["parameters"]}
-                 for tool in started["tools"]]
+                    task: str) -> tuple[Conversation, str, int]:
         messages = [{"role": "system", "content": started["system"]}] if started["system"] else []
         for message in inbox:
             if message["from"]:
                 messages.append({"role": "user", "content": f"Output of {message['from']}:\n{message['text']}"})
         messages.append({"role": "user", "content": task})
-        new, offset, output = list(messages), len(inbox), ""
+        conversation = Conversation(node, started, messages)
         # a node whose answer can end the invocation answers in the workflow's output schema
-        finishes = not node["handOffs"] or END in node["handOffs"]
-        output_format = structured_output_format(node["gatewayModelId"], self.plan["dsl"].get("outputSchema")) \
-            if finishes else None
+        if not node["handOffs"] or END in node["handOffs"]:
+            conversation.output_format = structured_output_format(node["gatewayModelId"],
+                                                                  self.plan["dsl"].get("outputSchema"))
+        output, offset = self._rounds(conversation, f"node:{seq}", seq, list(messages), len(inbox))
+        return conversation, output, offset
+
+    def _rounds(self, conversation: Conversation, prefix: str, seq: int, new: list[dict],
+                offset: int) -> tuple[str, int]:
+        """Up to `maxSteps` model calls, each followed by the tool calls it asked for (the last round offers no
+        tools); `new` are the messages not yet in the transcript. Steps are named `<prefix>:llm:<round>` and
+        `<prefix>:tool:<round>.<index>`."""
+        node, started, messages = conversation.node, conversation.started, conversation.messages
+        output = ""
         for round_ in range(node["maxSteps"]):
-            offered = specs if round_ < node["maxSteps"] - 1 else []
+            offered = conversation.specs if round_ < node["maxSteps"] - 1 else []
             request = {"model": node["gatewayModelId"], "messages": messages, "tools": offered, "temperature": 0.0}
-            if output_format:
-                request["response_format"] = output_format
-            response, offset = self._call(f"node:{seq}:llm:{round_}", seq, started["id"], offset, new, request)
+            if conversation.output_format:
+                request["response_format"] = conversation.output_format
+            response, offset = self._call(f"{prefix}:llm:{round_}", seq, started["id"], offset, new, request)
             new = []
             messages.append(response.assistant_message())
             output = response.content
@@ -284,11 +309,11 @@ class NodeRun:
             for index, call in enumerate(response.tool_calls):
                 call_dict = {"id": call.id, "name": call.name, "arguments": call.arguments,
                              "raw": getattr(call, "raw", "")}
-                binding = bindings.get(call.name)
+                binding = conversation.bindings.get(call.name)
                 remote = binding is not None and binding["kind"] == "mcp"
                 options = queued_call_options() if remote else {}
                 result: execution.ToolCallResult
-                result = self.ctx.step(f"node:{seq}:tool:{round_}.{index}", execution.tool_call, self.workspace_id,
+                result = self.ctx.step(f"{prefix}:tool:{round_}.{index}", execution.tool_call, self.workspace_id,
                                        self.invocation_id, started["id"], seq, offset, f"{round_}.{index}",
                                        call_dict, binding, self.plan["user_id"], **options)
                 offset += 1
@@ -296,21 +321,46 @@ class NodeRun:
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result["content"]})
         return output, offset
 
-    def _approval(self, node_id: str, seq: int, output: str) -> None:
-        signal = f"approval:{seq}"
-        self.ctx.step(f"node:{seq}:await", execution.node_await_approval, self.invocation_id, seq, self.ctx.run_id,
-                      signal, output)
-        # only a decision invocation_decide registered counts; any other signal is ignored and the node waits on
-        for attempt in itertools.count():
-            self.ctx.wait_for_signal(signal)
-            decision = self.ctx.step(f"node:{seq}:decision:{attempt}", execution.node_record_approval,
-                                     self.invocation_id, seq)
-            if decision is not None:
+    def _approval(self, node: dict, seq: int, started: execution.NodeStarted, conversation: Conversation,
+                  output: str, offset: int) -> tuple[str, int]:
+        """Wait for the operator's decision on the node's answer; a revision runs the agent loop again on the
+        operator's comment and waits for a decision on the new answer. Returns the approved answer and the
+        node's next message offset; NodeRejected on a rejection."""
+        for revision in itertools.count():
+            decision = self._decision(seq, revision, output)
+            if decision.get("decision") != "revise":
                 break
+            if revision >= REVISIONS_PER_NODE:
+                raise InvocationFailed(f"node {node['nodeId']} was revised {revision} times, the most a node takes")
+            if offset + 3 >= execution.MESSAGES_PER_NODE:  # the comment, an answer, the hand-off's place
+                raise InvocationFailed(f"node {node['nodeId']}: no room left in its transcript for another revision")
+            who = decision.get("by_name") or "an operator"
+            feedback = f"An operator asked for a revision: {decision.get('comment', '')}"
+            conversation.messages.append({"role": "user", "content": feedback})
+            # the transcript's copy says which revision it opened and who asked; the model reads only the text
+            recorded = {"role": "user", "content": feedback, "revision": revision + 1, "by_name": who}
+            output, offset = self._rounds(conversation, f"node:{seq}:r{revision + 1}", seq, [recorded], offset)
         if decision.get("decision") != "approve":
             who = decision.get("by_name") or "an operator"
             comment = decision.get("comment") or "no comment"
-            raise NodeRejected(f"node {node_id} was rejected by {who}: {comment}")
+            raise NodeRejected(f"node {node['nodeId']} was rejected by {who}: {comment}")
+        return output, offset
+
+    def _decision(self, seq: int, revision: int, output: str) -> dict:
+        """The decision registered (``invocation_decide``) on the node's answer of `revision` (0: its first)."""
+        # revision 0 keeps the names the runner always gave it, so runs waiting since before revisions replay
+        signal, prefix = (f"approval:{seq}", f"node:{seq}") if revision == 0 \
+            else (f"approval:{seq}:{revision}", f"node:{seq}:r{revision}")
+        self.ctx.step(f"{prefix}:await", execution.node_await_approval, self.invocation_id, seq, self.ctx.run_id,
+                      signal, output, revision)
+        # only a decision invocation_decide registered counts; any other signal is ignored and the node waits on
+        for attempt in itertools.count():
+            self.ctx.wait_for_signal(signal)
+            decision = self.ctx.step(f"{prefix}:decision:{attempt}", execution.node_record_approval,
+                                     self.invocation_id, seq, revision)
+            if decision is not None:
+                return decision
+        raise AssertionError("unreachable")
 
     def _next(self, node: dict, seq: int, node_pk: int, offset: int, task: str, output: str) -> tuple[list, str]:
         handoffs = node["handOffs"]

@@ -281,32 +281,52 @@ def _trace_node(invocation_id: int, seq: int, node_id: str, started_at: datetime
                           error=fields.get("error", "") if status != "completed" else "", error_type=status)
 
 
-def node_await_approval(invocation_id: int, seq: int, run_id: str, signal: str, output: str) -> None:
-    """Mark the node (and the invocation) waiting for an operator's decision on `signal`."""
+def node_await_approval(invocation_id: int, seq: int, run_id: str, signal: str, output: str,
+                        revision: int = 0) -> None:
+    """Mark the node (and the invocation) waiting for an operator's decision on `signal`, about its answer of
+    `revision` (0: its first; each "revise" decision makes another). The decisions taken on its earlier
+    answers move to the approval's `history`. Run again (a worker died before its checkpoint), it leaves a
+    wait already marked as it is: a decision sent since stays registered."""
     with transaction.atomic():
         # the invocation's row lock orders this against a cancel (durable.owners.fail takes it first)
         status = WorkflowInvocation.objects.select_for_update().filter(pk=invocation_id) \
             .values_list("status", flat=True).first()
         if status in WorkflowInvocation.TERMINAL:
             raise InvocationEnded(f"the invocation is {status}")
+        node = NodeInvocation.objects.select_for_update().filter(workflow_invocation_id=invocation_id, seq=seq) \
+            .only("pk", "approval").first()
+        current = node.approval if node is not None and isinstance(node.approval, dict) else {}
+        if current.get("pending") and current.get("revision", 0) == revision:
+            return
+        history = list(current.get("history") or [])
+        if current.get("decision"):
+            history.append({key: current.get(key) for key in DECISION_KEYS} | {"revision": current.get("revision", 0)})
         NodeInvocation.objects.filter(workflow_invocation_id=invocation_id, seq=seq).update(
             status=NodeInvocation.Status.WAITING, output=output,
-            approval={"pending": True, "run_id": run_id, "signal": signal})
+            approval={"pending": True, "run_id": run_id, "signal": signal, "revision": revision, "history": history})
         WorkflowInvocation.objects.filter(pk=invocation_id, status=WorkflowInvocation.Status.RUNNING).update(
             status=WorkflowInvocation.Status.WAITING, updated_at=now())
 
 
-def node_record_approval(invocation_id: int, seq: int) -> dict | None:
-    """Record the decision invocation_decide registered on the node (its `approval["sent"]`, written
-    under the node's lock with the signal). A signal sent any other way (the durable runs API takes
-    any payload) carries no registered decision: None, nothing written, and the node keeps waiting."""
+DECISION_KEYS = ("decision", "comment", "by", "by_name", "at")
+
+
+def node_record_approval(invocation_id: int, seq: int, revision: int = 0) -> dict | None:
+    """Record the decision invocation_decide registered on the node's answer of `revision` (its
+    `approval["sent"]`, written under the node's lock with the signal). A signal sent any other way (the
+    durable runs API takes any payload) carries no registered decision: None, nothing written, and the node
+    keeps waiting. Run again after its write (a worker died before the checkpoint), it answers the decision
+    it recorded."""
     with transaction.atomic():
         node = NodeInvocation.objects.select_for_update().filter(workflow_invocation_id=invocation_id, seq=seq).first()
-        sent = (node.approval or {}).get("sent") if node is not None else None
+        approval = node.approval if node is not None and isinstance(node.approval, dict) else {}
+        if approval.get("revision", 0) == revision and not approval.get("pending") and approval.get("decision"):
+            return {key: approval.get(key) for key in DECISION_KEYS}
+        sent = approval.get("sent") if approval.get("pending") else None
         if not sent:
             return None
         node.status = NodeInvocation.Status.RUNNING
-        node.approval = {**sent, "pending": False}
+        node.approval = {**sent, "pending": False, "revision": revision, "history": approval.get("history") or []}
         node.save(update_fields=["status", "approval"])
         if not NodeInvocation.objects.filter(workflow_invocation_id=invocation_id,
                                              status=NodeInvocation.Status.WAITING).exists():
@@ -418,6 +438,8 @@ def _conversation_message(node_seq, offset, message: dict) -> tuple[int, str, di
     payload = {"content": message.get("content", "")}
     if role == "tool":
         payload["tool_call_id"] = message.get("tool_call_id", "")
+    if "revision" in message:  # an operator's request for a revision (NodeRun._approval)
+        payload.update(revision=message["revision"], by_name=message.get("by_name", ""))
     return message_seq(node_seq, offset), role, payload
 
 
@@ -480,6 +502,7 @@ def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, no
     if recorded is not None:
         return {"content": recorded["content"], "error": recorded["error"], "context_key": recorded["context_key"]}
     _refuse_if_ended(invocation_id)
+    started = time.perf_counter()
     with telemetry.under(node_span_key(invocation_id, node_seq)), \
             telemetry.tool_span(name=call["name"], call_id=call["id"]) as span:
         result = _tool_result(workspace_id, invocation_id, node_invocation_id, node_seq, call_key, call, binding,
@@ -492,7 +515,7 @@ def tool_call(workspace_id: int, invocation_id: int, node_invocation_id: int, no
         seq=message_seq(node_seq, offset), role=Message.Role.TOOL,
         payload={"content": result["content"], "tool_call_id": call["id"], "name": call["name"],
                  "arguments": call.get("arguments") or {}, "error": result["error"],
-                 "context_key": result["context_key"]},
+                 "context_key": result["context_key"], "latency_ms": round((time.perf_counter() - started) * 1000, 2)},
     )], ignore_conflicts=True)
     return result
 

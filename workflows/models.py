@@ -9,11 +9,16 @@ The MCP registry's models live in `workflows/mcp_models.py`, imported here so th
 """
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
-from django.db.models import Q
+from django.db.models import Func, Q
+from django.db.models.fields.json import KT
+from django.db.models.functions import Left
 from django.utils import timezone
 
 from durable.owners import RunOwner
+from knowledge.models import SEARCH_CONFIG
 from workflows.mcp_models import McpServer, McpServerVersion, McpTool, UserServerConfig  # noqa: F401
 from workspaces.models import Workspace
 
@@ -167,6 +172,39 @@ class NodeVersion(models.Model):
         return f"{self.node_id} ({self.llm_model})"
 
 
+# Full-text search over traces (the invocation list's search box): GIN indexes on expressions, not stored
+# vectors. Postgres computes an expression index's entry inside the statement that writes the row, so it is
+# right whatever runs at the same time, costs the writer no statement of its own (a message is one multi-row
+# INSERT of the runner, never updated afterwards), and has nothing to backfill or keep in step; a vector stored
+# on the invocation would be rewritten by every message of every parallel branch, under that row's lock. A query
+# is served by an index only when it builds the same expression: the two functions below are the one home of
+# each. Only the first TRACE_SEARCH_CHARS characters of a text are indexed, so no message is too long to
+# write (a tsvector holds at most 1 MB).
+TRACE_SEARCH_CHARS = 100_000
+
+
+def message_search_vector() -> SearchVector:
+    """The words of a message: a conversation's content (user, assistant, tool result) or a hand-off's text."""
+    return SearchVector(Left(KT("payload__content"), TRACE_SEARCH_CHARS), Left(KT("payload__text"), TRACE_SEARCH_CHARS),
+                        config=SEARCH_CONFIG)
+
+
+class JsonWords(Func):
+    """The words of a JSON document's string values (its keys left out), none for a missing or oversized one."""
+
+    function = "to_tsvector"
+    template = (f"%(function)s('{SEARCH_CONFIG}'::regconfig, CASE WHEN octet_length((%(expressions)s)::text) <= "
+                f"{TRACE_SEARCH_CHARS} THEN %(expressions)s ELSE 'null'::jsonb END)")
+    output_field = SearchVectorField()
+
+
+def invocation_search_vector():
+    """The words of an invocation's input and output."""
+    from django.db.models.expressions import CombinedExpression
+
+    return CombinedExpression(JsonWords("input"), "||", JsonWords("output"), output_field=SearchVectorField())
+
+
 class InvocationStatus(models.TextChoices):
     QUEUED = "queued", "Queued"
     RUNNING = "running", "Running"
@@ -212,6 +250,8 @@ class WorkflowInvocation(RunOwner):
             # the reconcile's scan of active invocations (ACTIVE), oldest first (durable.owners.reconcile)
             models.Index(fields=["id"], name="workflows_inv_active_idx",
                          condition=Q(status__in=["queued", "running", "waiting"])),
+            # the invocation list's search for words of its input or output (invocation_search_vector)
+            GinIndex(invocation_search_vector(), name="workflows_inv_search_idx"),
         ]
 
     def __str__(self) -> str:
@@ -320,6 +360,13 @@ class Message(models.Model):
             models.UniqueConstraint(fields=["workflow_invocation", "seq"], name="%(app_label)s_%(class)s_unique_seq"),
         ]
         ordering = ["workflow_invocation", "seq"]
+        indexes = [
+            # the invocation list's search for words said in an invocation (message_search_vector)
+            GinIndex(message_search_vector(), name="workflows_msg_search_idx"),
+            # the invocation list's tool filter: the invocations that called a tool (tool results only)
+            models.Index(KT("payload__name"), "workflow_invocation", name="workflows_msg_tool_idx",
+                         condition=Q(role="tool")),
+        ]
 
     def __str__(self) -> str:
         return f"{self.seq} {self.role} {self.from_node_id}->{self.to_node_id}"

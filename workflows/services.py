@@ -198,20 +198,27 @@ def invocation_start(*, version: WorkflowVersion, input=None, user=None, node_bu
     return invocation
 
 
+DECISIONS = ("approve", "reject", "revise")
+
+
 def invocation_decide(*, invocation, decision: str, comment: str = "", user=None, node_seq: int | None = None):
-    """Approve or reject the node of `invocation` that waits for approval (the one numbered
-    `node_seq`, when given). Each waiting node takes one decision: a second is refused with
-    InvalidInvocationState. Returns the node invocation."""
+    """Approve, reject or revise the answer of the node of `invocation` that waits for approval (the one
+    numbered `node_seq`, when given). "revise" needs a comment: the model reads it and answers again, and
+    the node waits for a decision on its new answer. Each answer waiting takes one decision: a second is
+    refused with InvalidInvocationState. Returns the node invocation."""
     from django.utils import timezone
 
     from durable.errors import InvalidRunState, RunNotFound
     from durable.services import signal_send
+    from workflows.durable_workflows import REVISIONS_PER_NODE
     from workflows.models import NodeInvocation
 
-    if decision not in ("approve", "reject"):
-        raise InvocationRefused({"decision": ["must be approve or reject"]})
+    if decision not in DECISIONS:
+        raise InvocationRefused({"decision": ["must be approve, reject or revise"]})
     if not isinstance(comment, str) or len(comment) > 10_000:
         raise InvocationRefused({"comment": ["must be text of at most 10,000 characters"]})
+    if decision == "revise" and not comment.strip():
+        raise InvocationRefused({"comment": ["a revision needs a comment: what the model should change"]})
     with transaction.atomic():
         nodes = NodeInvocation.objects.select_for_update().filter(
             workflow_invocation=invocation, status=NodeInvocation.Status.WAITING).order_by("seq")
@@ -223,6 +230,9 @@ def invocation_decide(*, invocation, decision: str, comment: str = "", user=None
                                          + (f" at seq {node_seq}" if node_seq is not None else ""))
         if (node.approval or {}).get("sent"):
             raise InvalidInvocationState(f"node {node.node_id} already received a decision")
+        if decision == "revise" and node.approval.get("revision", 0) >= REVISIONS_PER_NODE:
+            raise InvocationRefused({"decision": [f"node {node.node_id} was revised {REVISIONS_PER_NODE} times, "
+                                                  "the most a node takes: approve or reject its answer"]})
         payload = {"decision": decision, "comment": comment, "by": getattr(user, "pk", None),
                    "by_name": getattr(user, "username", "") or "", "at": timezone.now().isoformat()}
         try:

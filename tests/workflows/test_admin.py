@@ -183,6 +183,143 @@ def test_invocation_list_shows_status_version_cost_tokens_nodes_and_duration(sta
     assert re.search(r"Completed\s*\(1\)", facets.content.decode())
 
 
+INVOCATIONS_URL = "/admin/workflows/workflowinvocation/"
+
+
+def listed(client, query: str) -> set[int]:
+    response = client.get(INVOCATIONS_URL + query)
+    assert response.status_code == 200, response
+    return {row.pk for row in response.context["cl"].result_list}
+
+
+@pytest.fixture
+def traces(workflow, other_workspace):
+    """Invocations whose words are in a tool result, an assistant answer, a hand-off, the input, the output;
+    and one of another workspace."""
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    rows = {}
+
+    def said(name, role, payload, **fields):
+        invocation = make_invocation(version, status="completed", **fields)
+        node = make_node(invocation, 1, "search")
+        if role:
+            make_message(invocation, node, 10_001, role, payload)
+        rows[name] = invocation
+
+    said("tool", "tool", {"content": "The flux capacitor needs 1.21 gigawatts.", "name": "knowledge_search",
+                          "tool_call_id": "c1"})
+    said("assistant", "assistant", {"content": "Penguins huddle together against the cold.", "model": "m"})
+    said("handoff", "delegation", {"text": "Check the lighthouse keeper's logbook."})
+    said("input", None, None, input={"question": "Where do albatrosses nest?"})
+    said("output", None, None, output={"text": "Marmalade is made of bitter oranges.", "node_id": "merge"})
+    elsewhere, _ = workflow_version_create(workflow=workflow_create(workspace=other_workspace, name="globex"),
+                                           dsl=cyclic_dsl())
+    foreign = make_invocation(elsewhere, status="completed")
+    make_message(foreign, make_node(foreign, 1, "search"), 10_001, "tool",
+                 {"content": "A zeppelin over the penguins.", "name": "knowledge_search"})
+    rows["foreign"] = foreign
+    return rows
+
+
+def test_the_invocation_search_finds_words_said_in_its_messages_input_and_output(staff_client, outsider_client,
+                                                                                traces):
+    assert listed(staff_client, "?q=gigawatts") == {traces["tool"].pk}  # a tool result
+    assert listed(staff_client, "?q=penguin") == {traces["assistant"].pk}  # an answer (stemmed: penguins)
+    assert listed(staff_client, "?q=lighthouse+logbook") == {traces["handoff"].pk}
+    assert listed(staff_client, "?q=albatross") == {traces["input"].pk}
+    assert listed(staff_client, "?q=marmalade") == {traces["output"].pk}
+    assert listed(staff_client, '?q="flux capacitor"') == {traces["tool"].pk}
+    assert listed(staff_client, '?q="capacitor flux"') == set()  # a phrase in its order only
+    assert listed(staff_client, "?q=penguins+-huddle") == set()
+    # a word said only in another workspace's invocation finds nothing; its own workspace finds it
+    assert listed(staff_client, "?q=zeppelin") == set()
+    assert listed(outsider_client, "?q=zeppelin") == {traces["foreign"].pk}
+    assert listed(outsider_client, "?q=penguins") == {traces["foreign"].pk}
+    # the other matches stay: an id, a workflow's name
+    assert listed(staff_client, f"?q={traces['tool'].pk}") == {traces["tool"].pk}
+    assert listed(staff_client, "?q=research") == {row.pk for name, row in traces.items() if name != "foreign"}
+    assert listed(staff_client, "?q=%22%22%22") == set()  # quotes only: no words, no error
+
+
+def test_the_trace_search_is_served_by_the_full_text_indexes(staff_client, traces):
+    """The changelist's query, as it ran, can be answered through both GIN indexes (sequential scans off: on a
+    table this small the planner would rather read it all)."""
+    with CaptureQueriesContext(connection) as captured:
+        assert listed(staff_client, "?q=gigawatts") == {traces["tool"].pk}
+    (query,) = [entry["sql"] for entry in captured.captured_queries
+                if "@@" in entry["sql"] and entry["sql"].startswith('SELECT "workflows_workflowinvocation"."id"')]
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + query)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("SET LOCAL enable_seqscan = on")
+    assert "workflows_msg_search_idx" in plan and "workflows_inv_search_idx" in plan, plan
+
+
+def test_a_searched_list_counts_at_most_its_first_matches(staff_client, workflow, monkeypatch):
+    from workflows.admin import SearchedCountPaginator, WorkflowInvocationAdmin
+
+    monkeypatch.setattr(SearchedCountPaginator, "limit", 3)
+    monkeypatch.setattr(WorkflowInvocationAdmin, "list_per_page", 2)
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    made = [make_invocation(version, status="completed", output={"text": "common words"}) for _ in range(5)]
+    changelist = staff_client.get(INVOCATIONS_URL + "?q=common").context["cl"]
+    assert changelist.result_count == 3 and changelist.paginator.num_pages == 2
+    assert [row.pk for row in changelist.result_list] == [made[4].pk, made[3].pk]  # newest first
+    assert listed(staff_client, "?q=common&p=2") == {made[2].pk}
+
+
+def test_the_invocation_list_filters_by_model_tool_cost_duration_and_date(staff_client, outsider_client, workflow,
+                                                                          other_workspace):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    mistral, _ = workflow_version_create(workflow=workflow_create(workspace=workflow.workspace, name="mistral"), dsl={
+        "entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "mistral-small"}]})
+    start = timezone.now() - timedelta(hours=1)
+    free = make_invocation(version, status="completed", started=start, ended=start + timedelta(milliseconds=300))
+    cheap = make_invocation(version, status="completed", usd_cost=Decimal("0.005"), started=start,
+                            ended=start + timedelta(seconds=5))
+    paid = make_invocation(version, status="completed", usd_cost=Decimal("0.05"), started=start,
+                           ended=start + timedelta(seconds=30))
+    dear = make_invocation(mistral, status="failed", usd_cost=Decimal("2.5"), started=start,
+                           ended=start + timedelta(minutes=20))
+    make_node(cheap, 1, "orchestrator", model="offline-directive-v1")
+    searched = make_node(paid, 1, "search")
+    make_message(paid, searched, 10_002, "tool", {"content": "hits", "name": "knowledge_search"})
+    make_message(cheap, make_node(cheap, 2, "search"), 20_002, "assistant", {
+        "content": "", "tool_calls": [{"id": "c", "name": "knowledge_search", "arguments": {}}]})  # asked, never ran
+    WorkflowInvocation.objects.filter(pk=dear.pk).update(created_at=timezone.now() - timedelta(days=3))
+
+    assert listed(staff_client, "?model=mistral-small") == {dear.pk}  # the model its version names
+    assert listed(staff_client, "?model=offline-directive-v1") == {cheap.pk}  # the model that answered
+    assert listed(staff_client, "?model=gpt-4.1-mini") == {free.pk, cheap.pk, paid.pk}
+    assert listed(staff_client, "?tool=knowledge_search") == {paid.pk}
+    assert listed(staff_client, "?tool=tavily") == set()
+    assert listed(staff_client, "?cost=free") == {free.pk}
+    assert listed(staff_client, "?cost=0.01") == {paid.pk, dear.pk}
+    assert listed(staff_client, "?cost=0.10") == listed(staff_client, "?cost=1") == {dear.pk}
+    assert listed(staff_client, "?duration=1s") == {free.pk}
+    assert listed(staff_client, "?duration=10s") == {cheap.pk}
+    assert listed(staff_client, "?duration=1m") == {paid.pk}
+    assert listed(staff_client, "?duration=long") == {dear.pk}
+    assert listed(staff_client, "?created=24h") == {free.pk, cheap.pk, paid.pk}
+    assert listed(staff_client, "?created=7d&cost=1&status__exact=failed") == {dear.pk}
+    assert listed(staff_client, "?q=hits&tool=knowledge_search") == {paid.pk}
+    assert staff_client.get(INVOCATIONS_URL + "?cost=lots").url.endswith("?e=1")  # refused, not a server error
+    # the choices: the names of the user's workspaces only
+    page = staff_client.get(INVOCATIONS_URL).content.decode()
+    for name in ("mistral-small", "offline-directive-v1", "gpt-4.1-mini", "knowledge_search", "tavily", "&gt; $1",
+                 "10 min or more", "last 24 hours"):
+        assert name in page, name
+    elsewhere, _ = workflow_version_create(workflow=workflow_create(workspace=other_workspace, name="globex"), dsl={
+        "entryNodeId": "z", "nodes": [{"nodeId": "z", "gatewayModelId": "grok-9", "codeTools": ["web_fetch"]}]})
+    make_node(make_invocation(elsewhere), 1, "z", model="grok-9-answer")
+    page = staff_client.get(INVOCATIONS_URL).content.decode()
+    assert "grok-9" not in page and "web_fetch" not in page
+    outsider = outsider_client.get(INVOCATIONS_URL).content.decode()
+    assert "grok-9-answer" in outsider and "web_fetch" in outsider and "mistral-small" not in outsider
+    assert listed(outsider_client, "?model=mistral-small") == set()
+
+
 # ------------------------------------------------------------------------------------- version page
 
 def test_version_page_draws_the_graph_and_lists_nodes_unresolved_tools_dsl_and_genealogy(staff_client, workflow):
@@ -390,6 +527,135 @@ def test_invocation_page_links_context_entries_downloaded_through_the_admin(staf
     assert "/media/" not in staff_client.get(change_url("contextentry", entry.pk)).content.decode()
 
 
+# ----------------------------------------------------------------------------- scores, add to golden set
+
+def evals_staff(username, workspace, *, add_items=True):
+    """A staff member with the workflows' permissions and the evals' (without adding golden items, if asked)."""
+    user = admin_staff(username, workspace, apps=("workflows", "evals"))
+    if not add_items:
+        user.user_permissions.remove(Permission.objects.get(codename="add_goldenitem"))
+    return user
+
+
+@pytest.fixture
+def graded(workflow, other_workspace):
+    """An invocation graded by two eval runs (one of them with a failing item), and golden sets of its workspace
+    and of another."""
+    from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet
+
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation = make_invocation(version, status="completed", input={"text": "How long do refunds take?"},
+                                 output={"text": "Refunds take five days.", "node_id": "merge"})
+    golden = GoldenSet.objects.create(workspace=workflow.workspace, name="refunds", workflow=workflow)
+    item = GoldenItem.objects.create(golden_set=golden, position=1, input={"text": "How long do refunds take?"},
+                                     expected_output="five business days", tags=["critical"], split="test")
+    runs = [EvalRun.objects.create(workspace=workflow.workspace, golden_set=golden, workflow_version=version,
+                                   status="completed") for _ in range(2)]
+    GoldenResult.objects.create(eval_run=runs[0], golden_item=item, workflow_version=version,
+                                workflow_invocation=invocation, score=0.8, passed=True, grader="contains+token_f1",
+                                grades=[{"kind": "contains", "score": 1.0, "weight": 2},
+                                        {"kind": "token_f1", "score": 0.4}], reuse_key="a")
+    GoldenResult.objects.create(eval_run=runs[1], golden_item=item, workflow_version=version,
+                                workflow_invocation=invocation, score=0.2, passed=False, grader="llm_judge",
+                                grades=[{"kind": "llm_judge", "error": "the judge timed out"}], reuse_key="b")
+    other = GoldenSet.objects.create(workspace=other_workspace, name="globex set")
+    return {"invocation": invocation, "set": golden, "other_set": other, "runs": runs, "item": item}
+
+
+def test_the_invocation_page_shows_the_scores_that_graded_it(workspace, graded):
+    client = client_of(evals_staff("grader", workspace))
+    response = client.get(change_url("workflowinvocation", graded["invocation"].pk))
+    html = response.content.decode()
+    (panel,) = response.context["panels"]
+    assert [(row["golden_set"], row["score"], row["passed"], row["run"]) for row in panel["scores"]] == [
+        ("refunds", "0.200", False, graded["runs"][1].pk), ("refunds", "0.800", True, graded["runs"][0].pk)]
+    assert [(grade["kind"], grade["score"]) for grade in panel["scores"][1]["grades"]] == [
+        ("contains", "1.000"), ("token_f1", "0.400")]
+    assert panel["scores"][0]["grades"] == [{"kind": "llm_judge", "score": "error", "weight": None}]
+    assert reverse("admin:evals_evalrun_change", args=[graded["runs"][0].pk]) in html
+    assert "#1 How long do refunds take?" in html and "contains: 1.000 (weight 2)" in html
+    assert '<span class="ev-fail">failed</span>' in html and '<span class="ev-pass">passed</span>' in html
+    ungraded = make_invocation(graded["invocation"].workflow_version, status="completed")
+    assert "No eval run has graded this invocation." in client.get(
+        change_url("workflowinvocation", ungraded.pk)).content.decode()
+
+
+def test_the_invocation_pages_scores_and_form_query_count_does_not_grow_with_results_or_sets(workspace, graded):
+    from evals.models import EvalRun, GoldenResult, GoldenSet
+
+    client = client_of(evals_staff("grader", workspace))
+    url = change_url("workflowinvocation", graded["invocation"].pk)
+    client.get(url)  # the content types' cache filled
+    before = count_queries(client, url)
+    for index in range(8):
+        run = EvalRun.objects.create(workspace=workspace, golden_set=graded["set"], status="completed",
+                                     workflow_version=graded["invocation"].workflow_version)
+        GoldenResult.objects.create(eval_run=run, golden_item=graded["item"], workflow_invocation=graded["invocation"],
+                                    workflow_version=run.workflow_version, score=0.5, reuse_key=str(index))
+        GoldenSet.objects.create(workspace=workspace, name=f"set {index}")
+    assert count_queries(client, url) == before
+
+
+def add_item_url(invocation) -> str:
+    return reverse("admin:evals_goldenitem_from_invocation") + f"?invocation={invocation.pk}"
+
+
+def test_add_to_golden_set_prefills_the_form_and_creates_the_item(workspace, graded):
+    from evals.models import GoldenItem
+
+    client = client_of(evals_staff("curator", workspace))
+    invocation = graded["invocation"]
+    page = client.get(change_url("workflowinvocation", invocation.pk))
+    form = page.context["panels"][0]["form"]
+    assert [choice for choice in form.fields["golden_set"].choices] == [(graded["set"].pk, "refunds")]
+    html = page.content.decode()
+    assert "Add to golden set" in html and "Refunds take five days.</textarea>" in html
+    assert "globex set" not in html
+
+    response = client.post(add_item_url(invocation), {
+        "golden_set": graded["set"].pk, "input": json.dumps(invocation.input),
+        "expected_output": "Refunds take five business days.", "scoring_criteria": "names the delay",
+        "tags": "critical, refunds"})
+    assert response.status_code == 302 and response.url.endswith(
+        change_url("workflowinvocation", invocation.pk) + "#ev-invocation-evals")
+    item = GoldenItem.objects.get(golden_set=graded["set"], position=2)
+    assert (item.input, item.expected_output, item.scoring_criteria, item.tags) == (
+        {"text": "How long do refunds take?"}, "Refunds take five business days.", "names the delay",
+        ["critical", "refunds"])
+    assert item.metadata == {"from_invocation": invocation.pk} and item.split in ("train", "validation", "test")
+    assert any("Added item #2" in text and "refunds" in text for text in messages_of(response))
+
+
+def test_add_to_golden_set_refuses_another_workspaces_set_bad_fields_csrf_and_no_permission(
+        workspace, other_workspace, graded):
+    from evals.models import GoldenItem
+
+    invocation = graded["invocation"]
+    curator = evals_staff("curator", workspace)
+    client = client_of(curator)
+    data = {"golden_set": graded["other_set"].pk, "input": '{"text": "x"}', "expected_output": "y"}
+    refused = client.post(add_item_url(invocation), data)
+    assert refused.status_code == 400 and "golden_set" in refused.context["form"].errors
+    assert any("Not added: golden_set" in text for text in messages_of(refused))
+    bad = client.post(add_item_url(invocation), {**data, "golden_set": graded["set"].pk, "input": "{nope"})
+    assert bad.status_code == 400 and list(bad.context["form"].errors) == ["input"]
+    empty = client.post(add_item_url(invocation), {**data, "golden_set": graded["set"].pk, "input": "{}"})
+    assert empty.status_code == 400 and "is required" in str(empty.context["form"].errors["input"])
+    assert not GoldenItem.objects.filter(position__gt=1).exists()
+
+    checked = Client(enforce_csrf_checks=True)
+    checked.force_login(curator)
+    assert checked.post(add_item_url(invocation), {**data, "golden_set": graded["set"].pk}).status_code == 403
+    reader = client_of(evals_staff("reader", workspace, add_items=False))
+    assert "Add to golden set" not in reader.get(change_url("workflowinvocation", invocation.pk)).content.decode()
+    assert reader.post(add_item_url(invocation), {**data, "golden_set": graded["set"].pk}).status_code == 403
+    # another workspace's staff cannot reach the invocation (as a missing one), even with a set of its own
+    outsider = client_of(evals_staff("globex-curator", other_workspace))
+    away = outsider.post(add_item_url(invocation), {**data})
+    assert away.status_code == 302 and not GoldenItem.objects.filter(golden_set=graded["other_set"]).exists()
+    assert GoldenItem.objects.count() == 1
+
+
 # ----------------------------------------------------------------------------------- approve / reject
 
 def decide(client, invocation, **data):
@@ -428,6 +694,94 @@ def test_reject_sends_a_rejection(staff_client, workflow):
     assert any("Rejected node merge (#1)" in text for text in messages_of(response))
     node.refresh_from_db()
     assert node.approval["sent"]["decision"] == "reject" and node.approval["sent"]["comment"] == "wrong sources"
+
+
+def test_reject_with_comment_offers_a_revision_which_needs_a_comment(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    invocation, node = waiting_invocation(version)
+    page = staff_client.get(change_url("workflowinvocation", invocation.pk)).content.decode()
+    assert "Reject with comment" in page and 'name="decision" value="revise"' in page
+
+    blank = decide(staff_client, invocation, node_seq=1, decision="revise", comment="  ")
+    assert any("Not recorded" in text and "comment: a revision needs a comment" in text
+               for text in messages_of(blank))
+    assert not BufferedSignal.objects.exists()
+
+    response = decide(staff_client, invocation, node_seq=1, decision="revise", comment="Cite the sources.")
+    assert response.status_code == 302 and response.url.endswith("#node-1")
+    assert any("Asked node merge (#1)" in text and "revision" in text for text in messages_of(response))
+    node.refresh_from_db()
+    assert node.approval["sent"]["decision"] == "revise" and node.approval["sent"]["comment"] == "Cite the sources."
+    assert BufferedSignal.objects.filter(run_id="wfi-test-1", name="approval:1").count() == 1
+    assert "Decision sent: revise" in staff_client.get(response.url).content.decode()
+
+
+def test_a_revise_through_the_admin_shows_the_revision_round_and_the_decisions(staff_client, workflow):
+    """End to end on the offline model: revise, the node answers again and waits; the page shows the request for
+    a revision in the transcript and the span tree, and the earlier answer's decision."""
+    dsl = {"entryNodeId": "draft", "nodes": [
+        {"nodeId": "draft", "gatewayModelId": "offline-directive-v1", "requiresApproval": True}]}
+    version, _ = workflow_version_create(workflow=workflow, dsl=dsl)
+    invocation = invocation_start(version=version, input={"text": "The docs moved to a new site. Announce it."})
+    run_until_settled(invocation.durable_run_id, max_wait=30)
+    decide(staff_client, invocation, node_seq=1, decision="revise", comment="Say where the docs moved.")
+    run_until_settled(invocation.durable_run_id, max_wait=30)
+    response = staff_client.get(change_url("workflowinvocation", invocation.pk))
+    html = response.content.decode()
+    assert "Waiting for approval of revision 1." in html
+    assert "Revision 1 asked by acme-staff" in html
+    assert "An operator asked for a revision: Say where the docs moved." in html
+    (row,) = response.context["span_tree"]
+    assert [span["kind"] for span in row["spans"]] == ["llm", "revision", "llm"]
+    assert row["spans"][1]["by"] == "acme-staff" and "Say where the docs moved." in row["spans"][1]["comment"]
+    assert "answer 1: revise by acme-staff" in html
+
+
+def test_the_span_tree_nests_model_calls_and_their_tool_calls_with_offsets_from_the_start(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    start = timezone.now() - timedelta(minutes=1)
+    invocation = make_invocation(version, status="completed", started=start, ended=start + timedelta(seconds=10))
+    first = make_node(invocation, 1, "orchestrator", started=start, ended=start + timedelta(seconds=5))
+    second = make_node(invocation, 2, "search", started=start + timedelta(seconds=5),
+                       ended=start + timedelta(seconds=10))
+    at = {}
+
+    def said(node, seq, role, payload, seconds):
+        make_message(invocation, node, seq, role, payload)
+        at[seq] = start + timedelta(seconds=seconds)
+
+    said(first, 10_000, "user", {"content": "find it"}, 0.1)
+    said(first, 10_001, "assistant", {
+        "content": "", "tool_calls": [{"id": "c1", "name": "knowledge_search", "arguments": {}}],
+        "model": "gpt-4.1-mini", "usage": {"input_tokens": 120, "output_tokens": 8, "usd_cost": "0.0012"},
+        "latency_ms": 1500}, 2)
+    said(first, 10_002, "tool", {"content": "hits", "name": "knowledge_search", "tool_call_id": "c1",
+                                 "latency_ms": 400}, 2.5)
+    said(first, 10_003, "tool", {"content": "error: no", "name": "web_fetch", "error": True}, 3)
+    said(first, 10_004, "assistant", {"content": "Found.", "model": "gpt-4.1-mini", "cache_hit": True,
+                                      "usage": {"input_tokens": 200, "output_tokens": 5, "usd_cost": "0.002"},
+                                      "latency_ms": 1000}, 4.5)
+    said(second, 20_000, "assistant", {"content": "done", "model": "offline-directive-v1", "latency_ms": 2000,
+                                       "usage": {"input_tokens": 1, "output_tokens": 1}}, 9)
+    for seq, moment in at.items():
+        Message.objects.filter(workflow_invocation=invocation, seq=seq).update(created_at=moment)
+
+    response = staff_client.get(change_url("workflowinvocation", invocation.pk))
+    tree = response.context["span_tree"]
+    assert [(row["seq"], row["node_id"], row["bar"]["offset"], row["bar"]["duration"]) for row in tree] == [
+        (1, "orchestrator", "0 ms", "5.0 s"), (2, "search", "5.0 s", "5.0 s")]
+    call, cached = tree[0]["spans"]
+    assert (call["kind"], call["model"], call["input_tokens"], call["cost"], call["cached"]) == (
+        "llm", "gpt-4.1-mini", 120, "$0.0012", False)
+    assert (call["offset"], call["duration"], call["left"], call["width"]) == ("500 ms", "1.5 s", "5.000", "15.000")
+    # the tool calls of its round, below it: one timed by its latency, one by the message before it
+    assert [(tool["name"], tool["offset"], tool["duration"], tool["error"]) for tool in call["tools"]] == [
+        ("knowledge_search", "2.1 s", "400 ms", False), ("web_fetch", "2.5 s", "500 ms", True)]
+    assert (cached["offset"], cached["duration"], cached["cached"], cached["cost"]) == ("3.5 s", "1.0 s", True, "$0.00")
+    assert [(span["model"], span["offset"]) for span in tree[1]["spans"]] == [("offline-directive-v1", "7.0 s")]
+    html = response.content.decode()
+    assert html.count('class="wf-span wf-span-llm') == 3 and html.count('class="wf-span wf-span-tool') == 2
+    assert "120 in / 8 out · $0.0012" in html and '<span class="wf-cached">cached</span>' in html
 
 
 def test_a_decision_for_a_node_that_does_not_wait_shows_the_error(staff_client, workflow):
@@ -726,13 +1080,32 @@ def test_invocation_list_query_count_does_not_grow_with_rows(staff_client, workf
     url = reverse("admin:workflows_workflowinvocation_changelist")
     one = count_queries(staff_client, url)
     with_counts = count_queries(staff_client, url + "?_facets=True")
-    assert with_counts == one + 3  # one aggregate per filter (status, workflow, workspace); choices read once
+    # one aggregate per filter (status, workflow, cost, duration, created, workspace; model and tool count nothing);
+    # choices read once
+    assert with_counts == one + 6
     other, _ = workflow_version_create(workflow=workflow_create(workspace=workflow.workspace, name="second"),
                                        dsl=cyclic_dsl(entryNodeId="search"))
     for index in range(30):
         make_invocation(version if index % 2 else other, status="running", started=timezone.now())
     assert count_queries(staff_client, url) == one
     assert count_queries(staff_client, url + "?_facets=True") == with_counts
+
+
+def test_a_searched_and_filtered_invocation_list_query_count_does_not_grow_with_rows(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+
+    def traced():
+        invocation = make_invocation(version, status="completed", started=timezone.now(), ended=timezone.now())
+        node = make_node(invocation, 1, "search", model="gpt-4.1-mini")
+        make_message(invocation, node, 10_001, "tool", {"content": "gigawatts", "name": "knowledge_search"})
+
+    traced()
+    url = INVOCATIONS_URL + "?q=gigawatts&tool=knowledge_search&model=gpt-4.1-mini&cost=free&duration=1s&created=24h"
+    one, with_counts = count_queries(staff_client, url), count_queries(staff_client, url + "&_facets=True")
+    for _ in range(30):
+        traced()
+    assert (count_queries(staff_client, url), count_queries(staff_client, url + "&_facets=True")) == (one, with_counts)
+    assert len(listed(staff_client, url[len(INVOCATIONS_URL):])) == 31
 
 
 def test_history_lists_query_count_does_not_grow_with_rows(staff_client, workflow):
@@ -766,6 +1139,8 @@ def test_change_pages_query_count_does_not_grow_with_nodes_messages_or_children(
     make_message(invocation, node, 10_000, "data", {"text": "hi"})
     invocation_url = change_url("workflowinvocation", invocation.pk)
     version_url = change_url("workflowversion", version.pk)
+    for url in (invocation_url, version_url):  # the content types' cache filled, whichever test ran before
+        count_queries(staff_client, url)
     small = (count_queries(staff_client, invocation_url), count_queries(staff_client, version_url))
 
     for seq in range(2, 15):

@@ -273,3 +273,124 @@ def test_operator_reads_a_workflow_diffs_runs_and_edits_a_version(live_server, c
     assert "Manual edit" in page.locator("#content").inner_text()
     page.screenshot(path=str(tmp_path / "version-edited.png"), full_page=True)
     assert (tmp_path / "workflow.png").stat().st_size > 10_000
+
+
+@pytest.fixture
+def traced_scene(transactional_db, workspace, settings):
+    """A completed invocation whose tool result says a rare word, a golden set to add it to, and an invocation
+    whose node waits for approval on a real (pending) run, for an operator who may add golden items."""
+    from evals.models import GoldenSet
+
+    settings.DURABLE_DISPATCH_ENABLED = False  # the decision's signal is buffered; no worker needed
+    operator = get_user_model().objects.create_user("operator", password="s3cret-pass", is_staff=True)
+    operator.user_permissions.add(*Permission.objects.filter(content_type__app_label__in=["workflows", "evals"]))
+    MembershipFactory(user=operator, workspace=workspace)
+    workflow = workflow_create(workspace=workspace, name="research")
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    GoldenSet.objects.create(workspace=workspace, name="physics questions", workflow=workflow)
+    start = timezone.now() - timedelta(seconds=30)
+    done = WorkflowInvocation.objects.create(
+        workspace=workspace, workflow_version=version, status="completed", usd_budget=Decimal("1"),
+        started_at=start, ended_at=start + timedelta(seconds=9), input={"text": "How much power does it need?"},
+        output={"text": "It needs 1.21 gigawatts.", "node_id": "orchestrator"}, usd_cost=Decimal("0.004"),
+        node_count=2)
+    first = NodeInvocation.objects.create(
+        workflow_invocation=done, seq=1, node_id="orchestrator", status="completed", model="gpt-4.1-mini",
+        started_at=start, ended_at=start + timedelta(seconds=6), llm_calls=2, tool_calls=1, next_nodes=["search"])
+    second = NodeInvocation.objects.create(
+        workflow_invocation=done, seq=2, node_id="search", status="completed", model="gpt-4.1-mini",
+        started_at=start + timedelta(seconds=6), ended_at=start + timedelta(seconds=9), llm_calls=1)
+    said = [
+        (first, 10_000, "user", {"content": "How much power does it need?"}, 0.2),
+        (first, 10_001, "assistant", {"content": "", "model": "gpt-4.1-mini", "latency_ms": 1800,
+                                      "tool_calls": [{"id": "c1", "name": "knowledge_search",
+                                                      "arguments": {"query": "flux capacitor power"}}],
+                                      "usage": {"input_tokens": 320, "output_tokens": 24, "usd_cost": "0.0011"}}, 2),
+        (first, 10_002, "tool", {"content": "The flux capacitor needs 1.21 gigawatts.", "name": "knowledge_search",
+                                 "tool_call_id": "c1", "latency_ms": 650}, 2.7),
+        (first, 10_003, "assistant", {"content": "It needs 1.21 gigawatts.", "model": "gpt-4.1-mini",
+                                      "latency_ms": 2400, "cache_hit": True,
+                                      "usage": {"input_tokens": 410, "output_tokens": 12, "usd_cost": "0.0014"}}, 5.5),
+        (second, 20_000, "assistant", {"content": "Confirmed.", "model": "gpt-4.1-mini", "latency_ms": 2100,
+                                       "usage": {"input_tokens": 90, "output_tokens": 4, "usd_cost": "0.0003"}}, 8.5),
+    ]
+    for node, seq, role, payload, _ in said:
+        Message.objects.create(workflow_invocation=done, node_invocation=node, seq=seq, role=role, payload=payload)
+    for _node, seq, _role, _payload, at in said:
+        Message.objects.filter(workflow_invocation=done, seq=seq).update(created_at=start + timedelta(seconds=at))
+
+    services.run_create(run_id="wfi-revise", workflow="workflows.invoke", input={}, dispatch=False,
+                        namespace=workspace.namespace)
+    waiting = WorkflowInvocation.objects.create(
+        workspace=workspace, workflow_version=version, status="waiting", usd_budget=Decimal("1"),
+        started_at=start, durable_run_id="wfi-revise", input={"text": "Draft the announcement."}, node_count=1)
+    NodeInvocation.objects.create(workflow_invocation=waiting, seq=1, node_id="merge", status="waiting",
+                                  model="gpt-4.1-mini", started_at=start, output="We ship on Friday.",
+                                  approval={"pending": True, "run_id": "wfi-revise", "signal": "approval:1"})
+    return {"done": done, "waiting": waiting}
+
+
+@pytest.fixture
+def traced_page(traced_scene, browser_page):
+    return browser_page
+
+
+def test_operator_finds_a_trace_reads_its_spans_adds_it_to_a_golden_set_and_asks_for_a_revision(
+        live_server, traced_scene, traced_page, tmp_path):
+    page = traced_page
+    log_in(page, live_server)
+    # the search box finds the invocation by a word of its tool result
+    page.goto(live_server.url + reverse("admin:workflows_workflowinvocation_changelist"))
+    page.fill("#searchbar", "gigawatts")
+    page.press("#searchbar", "Enter")
+    page.wait_for_selector("#result_list")
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 1 and "research" in rows.first.inner_text()
+    assert page.locator("#changelist-filter").is_visible()
+    assert "tool" in page.locator("#changelist-filter").inner_text()
+    page.screenshot(path=str(tmp_path / "invocation-search.png"), full_page=True)
+    assert_fits_the_screen(page)
+
+    # its page: the span tree, node -> model calls -> the tool call of the first round
+    rows.first.locator("th a, td a").first.click()
+    tree = page.locator("#wf-spans")
+    tree.wait_for(state="visible")
+    assert tree.locator("li.wf-span-node").count() == 2
+    first = tree.locator('li.wf-span-node[data-seq="1"]')
+    assert first.locator("li.wf-span-llm").count() == 2
+    tool = first.locator("li.wf-span-llm").first.locator("li.wf-span-tool")
+    assert tool.count() == 1 and "knowledge_search" in tool.inner_text()
+    assert "cached" in first.locator("li.wf-span-llm").nth(1).inner_text()
+    bars = [first.locator(".wf-span-bar").nth(index).bounding_box() for index in range(4)]
+    assert all(bar["width"] > 0 for bar in bars) and bars[1]["x"] < bars[2]["x"] < bars[3]["x"]
+    page.screenshot(path=str(tmp_path / "invocation-spans.png"), full_page=True)
+    assert_fits_the_screen(page)
+
+    # add it to a golden set: the form is prefilled from the invocation, the expected answer edited
+    page.locator("#ev-add-item > summary").click()
+    form = page.locator("#ev-add-item-form")
+    assert "It needs 1.21 gigawatts." in form.locator("textarea[name=expected_output]").input_value()
+    form.locator("textarea[name=expected_output]").fill("1.21 gigawatts")
+    form.locator("input[name=tags]").fill("critical")
+    page.screenshot(path=str(tmp_path / "invocation-add-to-golden-set.png"), full_page=True)
+    form.locator("#ev-add-item-submit").click()
+    page.wait_for_selector(".messagelist .success")
+    assert "Added item #1" in page.locator(".messagelist").inner_text()
+    assert "physics questions" in page.locator(".messagelist").inner_text()
+
+    # a node waiting for approval: Reject with comment, then revise
+    page.goto(live_server.url + reverse("admin:workflows_workflowinvocation_change",
+                                        args=[traced_scene["waiting"].pk]))
+    approval = page.locator("#approval-1")
+    approval.wait_for(state="visible")
+    assert not approval.locator("button.wf-revise").is_visible()
+    approval.locator("summary", has_text="Reject with comment").click()
+    approval.locator("textarea[name=comment]").fill("Say which features ship.")
+    page.screenshot(path=str(tmp_path / "invocation-reject-with-comment.png"), full_page=True)
+    assert_fits_the_screen(page)
+    approval.locator("button.wf-revise").click()
+    page.wait_for_selector(".messagelist .success")
+    assert "for a revision" in page.locator(".messagelist").inner_text()
+    sent = page.locator("#node-1 .wf-decision-sent")
+    assert "Decision sent: revise" in sent.inner_text() and "Say which features ship." in sent.inner_text()
+    page.screenshot(path=str(tmp_path / "invocation-revise-sent.png"), full_page=True)

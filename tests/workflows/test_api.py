@@ -454,6 +454,28 @@ def test_approve_a_waiting_node_through_the_api(api_as, owner, workspace, settle
     assert [n["node_id"] for n in detail["nodes"]] == ["draft", "publish"] and detail["output"]
 
 
+def test_revise_a_waiting_node_through_the_api_needs_a_comment_and_the_node_answers_again(api_as, owner, workspace,
+                                                                                          settle):
+    client = api_as(owner)
+    _, version = make_workflow(workspace, dsl=graph("draft", node("draft", model=MODEL, approval=True)))
+    started = client.post(f"{VERSIONS}{version.pk}/invoke/", {"input": {"text": "The docs moved. Announce it."}},
+                          format="json").json()
+    invocation = settle(WorkflowInvocation.objects.get(pk=started["id"]))
+    assert invocation.status == "waiting", invocation.error
+    assert list(error_of(client.post(f"{INVOCATIONS}{invocation.pk}/revise/", {"comment": " "}))["fields"]) == [
+        "comment"]
+    revised = client.post(f"{INVOCATIONS}{invocation.pk}/revise/", {"comment": "Say where the docs moved."})
+    assert revised.status_code == 200, revised.json()
+    assert revised.json()["nodes"][0]["approval"]["sent"]["decision"] == "revise"
+    assert error_of(client.post(f"{INVOCATIONS}{invocation.pk}/approve/"), 409)  # that answer took its decision
+    invocation = settle(invocation)
+    assert invocation.status == "waiting", invocation.error
+    detail = client.get(f"{INVOCATIONS}{invocation.pk}/").json()
+    assert detail["nodes"][0]["approval"]["revision"] == 1
+    assert client.post(f"{INVOCATIONS}{invocation.pk}/approve/").status_code == 200
+    assert settle(invocation).status == "completed"
+
+
 def test_messages_are_paginated_in_seq_order_and_filtered(api_as, owner, workspace):
     client = api_as(owner)
     _, version = make_workflow(workspace)

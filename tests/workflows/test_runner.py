@@ -229,6 +229,99 @@ def test_a_node_takes_one_decision(make_version, settle, owner):
     assert settle(invocation).status == "completed"
 
 
+RELEASE = ("The release ships on Friday. The documentation moved to docs.example.test. "
+           "Support for Python 3.9 ends. Announce the release.")
+
+
+def test_a_revised_node_answers_the_comment_waits_again_and_completes_with_the_revised_answer(
+        make_version, settle, owner):
+    version = make_version(graph("draft", node("draft", approval=True, prompt="Answer in one sentence.")))
+    invocation = settle(invocation_start(version=version, input={"text": RELEASE}))
+    first = nodes_of(invocation)[0].output
+    for blank in ("", "   "):
+        with pytest.raises(InvocationRefused) as refused:
+            invocation_decide(invocation=invocation, decision="revise", comment=blank, user=owner)
+        assert list(refused.value.errors) == ["comment"]
+
+    invocation_decide(invocation=invocation, decision="revise", comment="Say where the documentation moved.",
+                      user=owner)
+    invocation = settle(invocation)
+    assert invocation.status == "waiting", invocation.error
+    (draft,) = nodes_of(invocation)
+    assert draft.status == "waiting" and draft.approval["pending"] and draft.approval["revision"] == 1
+    assert "documentation moved" in draft.output and draft.output != first
+    assert [(entry["decision"], entry["comment"]) for entry in draft.approval["history"]] == [
+        ("revise", "Say where the documentation moved.")]
+    feedback = Message.objects.get(node_invocation=draft, role="user", payload__revision=1)
+    assert feedback.payload["content"] == "An operator asked for a revision: Say where the documentation moved."
+    assert feedback.payload["by_name"] == owner.username
+    answers = list(Message.objects.filter(node_invocation=draft, role="assistant").order_by("seq"))
+    assert [answer.payload["content"] for answer in answers] == [first, draft.output]
+    assert answers[0].seq < feedback.seq < answers[1].seq
+
+    invocation_decide(invocation=invocation, decision="approve", comment="good", user=owner)
+    invocation = settle(invocation)
+    assert invocation.status == "completed", invocation.error
+    assert invocation.output["text"] == draft.output and invocation.llm_calls == 2
+    (draft,) = nodes_of(invocation)
+    assert draft.status == "completed" and draft.approval["decision"] == "approve" and draft.llm_calls == 2
+    names = list(StepCheckpoint.objects.filter(run_id=invocation.durable_run_id).order_by("seq")
+                 .values_list("name", flat=True))
+    assert names == ["begin", "node:1:start", "node:1:llm:0", "node:1:await", "approval:1", "node:1:decision:0",
+                     "node:1:r1:llm:0", "node:1:r1:await", "approval:1:1", "node:1:r1:decision:0", "node:1:end",
+                     "finish"]
+
+
+def test_a_revision_counts_against_the_invocations_usd_budget(make_version, settle, owner, settings):
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 10_000, "output": 10_000}}  # about $0.40 an answer
+    version = make_version(graph("draft", node("draft", approval=True)))
+    invocation = settle(invocation_start(version=version, input={"text": RELEASE}, usd_budget="0.5"))
+    assert invocation.status == "waiting", invocation.error
+    invocation_decide(invocation=invocation, decision="revise", comment="Shorter, please.", user=owner)
+    invocation = settle(invocation)
+    assert invocation.status == "failed" and "USD budget exceeded" in invocation.error
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_a_worker_dying_right_after_recording_an_approval_leaves_no_node_waiting_forever(make_version, settle, owner,
+                                                                                        monkeypatch):
+    version = make_version(graph("draft", node("draft", approval=True)))
+    invocation = settle(invocation_start(version=version, input={"text": RELEASE}))
+    invocation_decide(invocation=invocation, decision="approve", user=owner)
+    deaths = die_after(monkeypatch, "node_record_approval")
+    invocation = drive_through_crashes(invocation)
+    assert deaths and invocation.status == "completed", (invocation.status, invocation.error)
+
+
+@pytest.mark.usefixtures("in_process")
+@pytest.mark.django_db
+def test_a_crash_around_a_revise_asks_the_model_once_per_answer_and_never_hangs(make_version, settle, owner,
+                                                                               monkeypatch):
+    """The worker dies right after recording the revise decision (before its checkpoint), then right after
+    the revision's model call: the redo finds the recorded decision (it used to find none and wait for a
+    signal already consumed, forever) and the answer in the transcript, so the model is asked once."""
+    version = make_version(graph("draft", node("draft", approval=True)))
+    invocation = settle(invocation_start(version=version, input={"text": RELEASE}))
+    asked = []
+    real_chat = execution.chat
+    monkeypatch.setattr(execution, "chat", lambda *args, **kwargs: asked.append(1) or real_chat(*args, **kwargs))
+    invocation_decide(invocation=invocation, decision="revise", comment="Mention Python.", user=owner)
+    recorded, called = die_after(monkeypatch, "node_record_approval"), die_after(monkeypatch, "llm_call")
+    invocation = drive_through_crashes(invocation, crashes=2)
+    assert recorded and called and invocation.status == "waiting", invocation.error
+    assert len(asked) == 1
+    (draft,) = nodes_of(invocation)
+    assert draft.approval["revision"] == 1 and "Python" in draft.output
+    assert Message.objects.filter(node_invocation=draft, role="assistant").count() == 2
+
+    die_after(monkeypatch, "node_record_approval")
+    invocation_decide(invocation=invocation, decision="approve", user=owner)
+    invocation = drive_through_crashes(invocation)
+    assert invocation.status == "completed", invocation.error
+    assert invocation.output["text"] == draft.output and len(asked) == 1
+
+
 @pytest.mark.usefixtures("in_process")
 @pytest.mark.django_db
 def test_an_approval_sent_around_invocation_decide_cannot_forge_the_approver(make_version, settle, owner, member,

@@ -328,7 +328,7 @@ class WorkflowInvocationViewSet(WorkspaceScopedReadOnlyViewSet):
 
     def get_serializer_class(self):
         return {"retrieve": WorkflowInvocationDetailSerializer, "approve": DecisionSerializer,
-                "reject": DecisionSerializer, "cancel": InvocationCancelSerializer,
+                "reject": DecisionSerializer, "revise": DecisionSerializer, "cancel": InvocationCancelSerializer,
                 "messages": InvocationMessageSerializer}.get(self.action, WorkflowInvocationSerializer)
 
     def _detail(self, invocation: WorkflowInvocation, code: int = status.HTTP_200_OK) -> Response:
@@ -372,6 +372,14 @@ class WorkflowInvocationViewSet(WorkspaceScopedReadOnlyViewSet):
     @action(detail=True, methods=["post"])
     def reject(self, request, pk=None):
         return self._decide(request, "reject")
+
+    @extend_schema(summary="Ask the model to revise the waiting node's answer: the comment (required) is its "
+                           "feedback; the node answers again and waits for another decision (409 when none is "
+                           "waiting)",
+                   request=DecisionSerializer, responses=WorkflowInvocationDetailSerializer)
+    @action(detail=True, methods=["post"])
+    def revise(self, request, pk=None):
+        return self._decide(request, "revise")
 
     @extend_schema(summary="Cancel a queued, running or waiting invocation (409 once it has ended)",
                    request=InvocationCancelSerializer, responses=WorkflowInvocationDetailSerializer)
