@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from durable import services
-from tests.browser import assert_fits_the_screen, log_in
+from tests.browser import assert_fits_the_screen, assert_readable, log_in
 from tests.factories import MembershipFactory
 from tests.workflows.test_admin import cyclic_dsl
 from workflows.models import Message, NodeInvocation, WorkflowInvocation, WorkflowVersion
@@ -117,6 +117,8 @@ def test_operator_reads_the_graph_and_the_timeline_and_approves_a_node(live_serv
     assert "knowledge_search" in first.inner_text() and "Temporal, DBOS and this engine." in first.inner_text()
     assert "orchestrator → search" in page.locator("#node-2").inner_text()
     page.screenshot(path=str(tmp_path / "workflow-invocation.png"), full_page=True)
+    assert_readable(page)
+    assert_readable(page, dark=True, screenshot=tmp_path / "workflow-invocation-dark.png")
     assert_fits_the_screen(page)
     close = page.locator("a.closelink").bounding_box()
     assert close["y"] > page.locator("#wf-context").bounding_box()["y"]  # the page ends with it
@@ -208,6 +210,8 @@ def test_operator_reads_a_workflow_diffs_runs_and_edits_a_version(live_server, c
     assert page.locator("#wf-invocation-table tr.wf-invocation").count() == 6
     assert "1 of 5 ended (20%)" in page.locator("#wf-recent-failed").inner_text()
     page.screenshot(path=str(tmp_path / "workflow.png"), full_page=True)
+    assert_readable(page)
+    assert_readable(page, dark=True, screenshot=tmp_path / "workflow-dark.png")
     assert_fits_the_screen(page)
 
     # the newest version's page, from the versions table
@@ -226,6 +230,8 @@ def test_operator_reads_a_workflow_diffs_runs_and_edits_a_version(live_server, c
     assert writer.locator(".wf-diff-add").first.inner_text() == "+Write the answer in 7 short paragraphs."
     assert page.locator("#wf-dsl-diff .wf-diff-add").count() >= 1
     page.screenshot(path=str(tmp_path / "version-diff.png"), full_page=True)
+    assert_readable(page)
+    assert_readable(page, dark=True, screenshot=tmp_path / "version-diff-dark.png")
     assert_fits_the_screen(page)
 
     # run: the form drawn from the input schema; a bad value is refused on its field, a good one starts
@@ -264,6 +270,8 @@ def test_operator_reads_a_workflow_diffs_runs_and_edits_a_version(live_server, c
     assert "node writer" in errors.inner_text() and "unknown hand-off target 'the-end'" in errors.inner_text()
     assert page.locator("textarea[name='dsl']").input_value() == broken
     page.screenshot(path=str(tmp_path / "version-edit-errors.png"), full_page=True)
+    assert_readable(page)
+    assert_readable(page, dark=True, screenshot=tmp_path / "version-edit-errors-dark.png")
     assert_fits_the_screen(page)
     page.locator("textarea[name='dsl']").fill(broken.replace('"the-end"', '"end"').replace("7 short", "8 short"))
     page.screenshot(path=str(tmp_path / "version-edit.png"), full_page=True)
@@ -364,6 +372,8 @@ def test_operator_finds_a_trace_reads_its_spans_adds_it_to_a_golden_set_and_asks
     bars = [first.locator(".wf-span-bar").nth(index).bounding_box() for index in range(4)]
     assert all(bar["width"] > 0 for bar in bars) and bars[1]["x"] < bars[2]["x"] < bars[3]["x"]
     page.screenshot(path=str(tmp_path / "invocation-spans.png"), full_page=True)
+    assert_readable(page)
+    assert_readable(page, dark=True, screenshot=tmp_path / "invocation-spans-dark.png")
     assert_fits_the_screen(page)
 
     # add it to a golden set: the form is prefilled from the invocation, the expected answer edited
@@ -387,6 +397,8 @@ def test_operator_finds_a_trace_reads_its_spans_adds_it_to_a_golden_set_and_asks
     approval.locator("summary", has_text="Reject with comment").click()
     approval.locator("textarea[name=comment]").fill("Say which features ship.")
     page.screenshot(path=str(tmp_path / "invocation-reject-with-comment.png"), full_page=True)
+    assert_readable(page)
+    assert_readable(page, dark=True, screenshot=tmp_path / "invocation-reject-with-comment-dark.png")
     assert_fits_the_screen(page)
     approval.locator("button.wf-revise").click()
     page.wait_for_selector(".messagelist .success")
