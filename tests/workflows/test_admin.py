@@ -24,6 +24,7 @@ from durable.inprocess import run_until_settled
 from durable.models import BufferedSignal, DurableRun
 from tests.admin_users import admin_staff, client_of
 from tests.factories import MembershipFactory
+from tests.guards import finishes_within
 from tests.workflows.test_dsl import SEED_EXPORT
 from workflows import graph
 from workflows.models import (
@@ -1422,6 +1423,29 @@ def test_run_without_an_input_schema_takes_json_and_a_version_that_cannot_run_is
     assert "search.tavily is not available" in staff_client.get(url).content.decode()
     refused = staff_client.post(url, {"input": "{}"})
     assert refused.status_code == 400 and "Not started" in refused.content.decode()
+    assert WorkflowInvocation.objects.count() == 1
+
+
+def test_run_form_matches_the_schema_s_patterns_under_a_time_limit_and_refuses_a_schema_that_loops(
+        staff_client, workflow, monkeypatch):
+    from workflows import admin_views
+
+    monkeypatch.setattr(admin_views, "PATTERN_TIMEOUT_SECONDS", 0.1)
+    version = runnable_version(workflow, inputSchema={"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "(a?){32}a{32}"}}})
+    url = reverse("admin:workflows_workflowversion_run", args=[version.pk])
+    with finishes_within(30):
+        refused = staff_client.post(url, {"input-code": ("a" * 31 + "b") * 150})
+    assert refused.status_code == 400
+    row = re.search(r'<div class="wf-form-row wf-has-error" data-field="input-code">.*?</div>',
+                    refused.content.decode(), re.S)
+    assert row is not None and "did not finish within 0.1 s" in row.group(0)
+    assert staff_client.post(url, {"input-code": "a" * 40}).status_code == 302  # a match in time starts
+
+    looping = runnable_version(workflow, inputSchema={"type": "object", "properties": {
+        "deep": {"$ref": "#/properties/deep"}}})
+    refused = staff_client.post(reverse("admin:workflows_workflowversion_run", args=[looping.pk]), {"input-deep": "1"})
+    assert refused.status_code == 400 and "refers to itself" in refused.content.decode()
     assert WorkflowInvocation.objects.count() == 1
 
 
