@@ -1109,6 +1109,34 @@ def test_a_searched_and_filtered_invocation_list_query_count_does_not_grow_with_
     assert len(listed(staff_client, url[len(INVOCATIONS_URL):])) == 31
 
 
+SEARCH_INDEXES = ("workflows_msg_search_idx", "workflows_msg_tool_idx", "workflows_inv_search_idx")
+
+
+def _index_validity() -> dict[str, bool]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                       "WHERE c.relname = ANY(%s)", [list(SEARCH_INDEXES)])
+        return dict(cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_search_index_migration_runs_again_after_a_concurrent_build_failed_halfway():
+    """A CREATE INDEX CONCURRENTLY that fails (or whose process dies) leaves an INVALID index of its name and the
+    migration unrecorded: migrate runs it again, over that index and the ones already built."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'workflows_msg_search_idx'::regclass")
+    assert _index_validity() == {"workflows_msg_search_idx": False, "workflows_msg_tool_idx": True,
+                                 "workflows_inv_search_idx": True}
+    executor = MigrationExecutor(connection)
+    key = ("workflows", "0009_invocation_search")
+    state = executor.loader.project_state(key, at_end=False)
+    with connection.schema_editor(atomic=False) as editor:
+        executor.loader.graph.nodes[key].apply(state, editor)
+    assert _index_validity() == dict.fromkeys(SEARCH_INDEXES, True)
+
+
 def test_history_lists_query_count_does_not_grow_with_rows(staff_client, workflow):
     version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
     invocation = make_invocation(version)
