@@ -321,6 +321,15 @@ def test_the_invocation_list_filters_by_model_tool_cost_duration_and_date(staff_
     assert listed(outsider_client, "?model=mistral-small") == set()
 
 
+def test_the_invocation_list_refuses_a_model_or_tool_filter_postgres_cannot_read(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    make_invocation(version)
+    for query in ("?model=gpt%00", "?tool=%00", "?model=" + "m" * 100_000):
+        response = staff_client.get(INVOCATIONS_URL + query)
+        assert response.status_code in (200, 302), query
+        assert response.status_code == 200 or response.url.endswith("?e=1"), query
+
+
 # ------------------------------------------------------------------------------------- version page
 
 def test_version_page_draws_the_graph_and_lists_nodes_unresolved_tools_dsl_and_genealogy(staff_client, workflow):
