@@ -666,6 +666,18 @@ def test_add_to_golden_set_refuses_another_workspaces_set_bad_fields_csrf_and_no
     assert GoldenItem.objects.count() == 1
 
 
+def test_add_to_golden_set_refuses_an_input_it_cannot_store_or_read_naming_the_field(workspace, graded):
+    from evals.models import GoldenItem
+
+    client = client_of(evals_staff("curator", workspace))
+    data = {"golden_set": graded["set"].pk, "expected_output": "y"}
+    for text in ('{"text": NaN}', '{"text": Infinity}', '{"text": "a\\u0000b"}', "[" * 100_000 + "]" * 100_000):
+        refused = client.post(add_item_url(graded["invocation"]), {**data, "input": text})
+        assert refused.status_code == 400, text
+        assert list(refused.context["form"].errors) == ["input"], text
+    assert GoldenItem.objects.count() == 1
+
+
 # ----------------------------------------------------------------------------------- approve / reject
 
 def decide(client, invocation, **data):
