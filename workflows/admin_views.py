@@ -25,6 +25,7 @@ from django import forms
 from django.contrib import messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
+from django.forms.fields import InvalidJSONInput
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -73,6 +74,18 @@ class InputJSONField(forms.JSONField):
 
     def prepare_value(self, value):
         return "" if value is None else super().prepare_value(value)
+
+    def to_python(self, value):
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError("Not JSON this form reads: nested too deeply.", code="invalid") from None
+
+    def bound_data(self, data, initial):
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:  # shown again as typed
+            return InvalidJSONInput(data)
 
 
 def _single_type(spec: dict) -> str | None:

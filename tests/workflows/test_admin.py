@@ -1495,6 +1495,9 @@ def test_run_form_matches_the_schema_s_patterns_under_a_time_limit_and_refuses_a
         "deep": {"$ref": "#/properties/deep"}}})
     refused = staff_client.post(reverse("admin:workflows_workflowversion_run", args=[looping.pk]), {"input-deep": "1"})
     assert refused.status_code == 400 and "refers to itself" in refused.content.decode()
+    deep = staff_client.post(reverse("admin:workflows_workflowversion_run", args=[runnable_version(workflow).pk]),
+                             {"input": "[" * 100_000 + "]" * 100_000})
+    assert deep.status_code == 400 and "nested too deeply" in deep.content.decode()
     assert WorkflowInvocation.objects.count() == 1
 
 
