@@ -17,6 +17,7 @@ from django import forms
 from django.contrib import messages
 from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
+from django.forms.fields import InvalidJSONInput
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -24,6 +25,7 @@ from django.urls import path, reverse
 from config.display import excerpt, usd
 from config.display import score as score_text
 from evals.admin_views import EXCERPT
+from evals.importing import value_problem
 from evals.models import GoldenResult, GoldenSet
 from evals.services import EvalError, golden_item_add
 from workflows.execution import input_text
@@ -54,10 +56,26 @@ class TagsField(forms.CharField):
         return ", ".join(value) if isinstance(value, list) else value
 
 
+class ItemInputField(forms.JSONField):
+    """An item's input as JSON text; nesting the decoder's stack cannot take is refused, as invalid JSON is."""
+
+    def to_python(self, value):
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError("Not JSON this form reads: nested too deeply.", code="invalid") from None
+
+    def bound_data(self, data, initial):
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:  # shown again as typed
+            return InvalidJSONInput(data)
+
+
 class ItemFromInvocationForm(forms.Form):
     golden_set = forms.ModelChoiceField(queryset=GoldenSet.objects.none(), empty_label=None,
                                         help_text="A golden set of the invocation's workspace.")
-    input = forms.JSONField(widget=forms.Textarea(attrs={"rows": 3}),
+    input = ItemInputField(widget=forms.Textarea(attrs={"rows": 3}),
                             help_text="The item's input (JSON), from the invocation's input.")
     expected_output = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}),
                                       help_text="From the invocation's output: edit it into the answer you expect.")
@@ -68,6 +86,12 @@ class ItemFromInvocationForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["golden_set"].queryset = GoldenSet.objects.filter(workspace_id=invocation.workspace_id) \
             .order_by("name", "pk").only("pk", "name")
+
+    def clean_input(self):
+        value = self.cleaned_data["input"]
+        if problem := value_problem(value):  # what Postgres's jsonb would refuse (NaN, a NUL...) or the graders
+            raise forms.ValidationError(problem)
+        return value
 
     @classmethod
     def prefilled(cls, invocation: WorkflowInvocation) -> ItemFromInvocationForm:

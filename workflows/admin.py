@@ -391,7 +391,11 @@ class NameFilter(admin.SimpleListFilter):
         return [(name, name) for name in per_request(request, key, lambda: self.names(request))[:self.limit]]
 
     def queryset(self, request, queryset):
-        return queryset.filter(self.match(self.value())) if self.value() else queryset
+        if not self.value():
+            return queryset
+        if "\x00" in self.value():  # Postgres text holds no NUL: the query would fail
+            raise IncorrectLookupParameters(f"{self.parameter_name}: not a name")
+        return queryset.filter(self.match(self.value()))
 
     def get_facet_counts(self, pk_attname, filtered_qs):
         return {}

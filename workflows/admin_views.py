@@ -25,11 +25,13 @@ from django import forms
 from django.contrib import messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
+from django.forms.fields import InvalidJSONInput
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from config import user_regex
 from config.display import diff_lines, pretty_json
 from workflows import dsl as dsl_module
 from workflows import selectors, services
@@ -37,6 +39,7 @@ from workflows.models import WorkflowVersion
 
 AGAINST_CHOICES = 50  # versions of the workflow offered to diff against
 EDITOR_LIMIT = 1_000_000  # characters of DSL the editor takes
+PATTERN_TIMEOUT_SECONDS = 2.0  # the input schema's patterns (user regexes), all of one validation, in the web process
 RUN_PERMISSION = "workflows.add_workflowinvocation"
 EDIT_PERMISSION = "workflows.add_workflowversion"
 
@@ -71,6 +74,18 @@ class InputJSONField(forms.JSONField):
 
     def prepare_value(self, value):
         return "" if value is None else super().prepare_value(value)
+
+    def to_python(self, value):
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise forms.ValidationError("Not JSON this form reads: nested too deeply.", code="invalid") from None
+
+    def bound_data(self, data, initial):
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:  # shown again as typed
+            return InvalidJSONInput(data)
 
 
 def _single_type(spec: dict) -> str | None:
@@ -176,12 +191,26 @@ class InputForm(forms.Form):
 
     def _check_schema(self, value) -> None:
         try:
-            validator = jsonschema.validators.validator_for(self.schema)(self.schema)
-            validator.check_schema(self.schema)
-        except jsonschema.SchemaError:
+            validator = user_regex.schema_validator(self.schema)
+        except (jsonschema.SchemaError, RecursionError):
             return  # the fields checked what they could; an invalid schema cannot judge the rest
-        for error in sorted(validator.iter_errors(value), key=lambda error: list(map(str, error.absolute_path))):
+        try:
+            errors = user_regex.schema_errors(validator, value, timeout=PATTERN_TIMEOUT_SECONDS)
+        except user_regex.PatternTimeout as exc:
+            self.add_error(self._field_of(self._pattern_path(value)), f"Not checked: a pattern of the input schema "
+                                                                      f"{exc}.")
+            return
+        except RecursionError:
+            self.add_error(None, "Not checked: the input schema refers to itself without end ($ref).")
+            return
+        for error in sorted(errors, key=lambda error: list(map(str, error.absolute_path))):
             self.add_error(self._field_of(list(error.absolute_path)), error.message)
+
+    def _pattern_path(self, value) -> list:
+        """Where a timed-out pattern was matched: the one property with a pattern, when there is one."""
+        patterned = [name for name, spec in self.properties.items()
+                     if isinstance(spec, dict) and "pattern" in spec and isinstance(value, dict) and name in value]
+        return patterned[:1] if len(patterned) == 1 else []
 
     def _field_of(self, where: list) -> str | None:
         """The field an error at `where` (a path into the input) belongs to; None: above the form."""

@@ -24,6 +24,7 @@ from durable.inprocess import run_until_settled
 from durable.models import BufferedSignal, DurableRun
 from tests.admin_users import admin_staff, client_of
 from tests.factories import MembershipFactory
+from tests.guards import finishes_within
 from tests.workflows.test_dsl import SEED_EXPORT
 from workflows import graph
 from workflows.models import (
@@ -318,6 +319,15 @@ def test_the_invocation_list_filters_by_model_tool_cost_duration_and_date(staff_
     outsider = outsider_client.get(INVOCATIONS_URL).content.decode()
     assert "grok-9-answer" in outsider and "web_fetch" in outsider and "mistral-small" not in outsider
     assert listed(outsider_client, "?model=mistral-small") == set()
+
+
+def test_the_invocation_list_refuses_a_model_or_tool_filter_postgres_cannot_read(staff_client, workflow):
+    version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
+    make_invocation(version)
+    for query in ("?model=gpt%00", "?tool=%00", "?model=" + "m" * 100_000):
+        response = staff_client.get(INVOCATIONS_URL + query)
+        assert response.status_code in (200, 302), query
+        assert response.status_code == 200 or response.url.endswith("?e=1"), query
 
 
 # ------------------------------------------------------------------------------------- version page
@@ -653,6 +663,18 @@ def test_add_to_golden_set_refuses_another_workspaces_set_bad_fields_csrf_and_no
     outsider = client_of(evals_staff("globex-curator", other_workspace))
     away = outsider.post(add_item_url(invocation), {**data})
     assert away.status_code == 302 and not GoldenItem.objects.filter(golden_set=graded["other_set"]).exists()
+    assert GoldenItem.objects.count() == 1
+
+
+def test_add_to_golden_set_refuses_an_input_it_cannot_store_or_read_naming_the_field(workspace, graded):
+    from evals.models import GoldenItem
+
+    client = client_of(evals_staff("curator", workspace))
+    data = {"golden_set": graded["set"].pk, "expected_output": "y"}
+    for text in ('{"text": NaN}', '{"text": Infinity}', '{"text": "a\\u0000b"}', "[" * 100_000 + "]" * 100_000):
+        refused = client.post(add_item_url(graded["invocation"]), {**data, "input": text})
+        assert refused.status_code == 400, text
+        assert list(refused.context["form"].errors) == ["input"], text
     assert GoldenItem.objects.count() == 1
 
 
@@ -1108,6 +1130,34 @@ def test_a_searched_and_filtered_invocation_list_query_count_does_not_grow_with_
     assert len(listed(staff_client, url[len(INVOCATIONS_URL):])) == 31
 
 
+SEARCH_INDEXES = ("workflows_msg_search_idx", "workflows_msg_tool_idx", "workflows_inv_search_idx")
+
+
+def _index_validity() -> dict[str, bool]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                       "WHERE c.relname = ANY(%s)", [list(SEARCH_INDEXES)])
+        return dict(cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_search_index_migration_runs_again_after_a_concurrent_build_failed_halfway():
+    """A CREATE INDEX CONCURRENTLY that fails (or whose process dies) leaves an INVALID index of its name and the
+    migration unrecorded: migrate runs it again, over that index and the ones already built."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'workflows_msg_search_idx'::regclass")
+    assert _index_validity() == {"workflows_msg_search_idx": False, "workflows_msg_tool_idx": True,
+                                 "workflows_inv_search_idx": True}
+    executor = MigrationExecutor(connection)
+    key = ("workflows", "0009_invocation_search")
+    state = executor.loader.project_state(key, at_end=False)
+    with connection.schema_editor(atomic=False) as editor:
+        executor.loader.graph.nodes[key].apply(state, editor)
+    assert _index_validity() == dict.fromkeys(SEARCH_INDEXES, True)
+
+
 def test_history_lists_query_count_does_not_grow_with_rows(staff_client, workflow):
     version, _ = workflow_version_create(workflow=workflow, dsl=cyclic_dsl())
     invocation = make_invocation(version)
@@ -1422,6 +1472,32 @@ def test_run_without_an_input_schema_takes_json_and_a_version_that_cannot_run_is
     assert "search.tavily is not available" in staff_client.get(url).content.decode()
     refused = staff_client.post(url, {"input": "{}"})
     assert refused.status_code == 400 and "Not started" in refused.content.decode()
+    assert WorkflowInvocation.objects.count() == 1
+
+
+def test_run_form_matches_the_schema_s_patterns_under_a_time_limit_and_refuses_a_schema_that_loops(
+        staff_client, workflow, monkeypatch):
+    from workflows import admin_views
+
+    monkeypatch.setattr(admin_views, "PATTERN_TIMEOUT_SECONDS", 0.1)
+    version = runnable_version(workflow, inputSchema={"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "(a?){32}a{32}"}}})
+    url = reverse("admin:workflows_workflowversion_run", args=[version.pk])
+    with finishes_within(30):
+        refused = staff_client.post(url, {"input-code": ("a" * 31 + "b") * 150})
+    assert refused.status_code == 400
+    row = re.search(r'<div class="wf-form-row wf-has-error" data-field="input-code">.*?</div>',
+                    refused.content.decode(), re.S)
+    assert row is not None and "did not finish within 0.1 s" in row.group(0)
+    assert staff_client.post(url, {"input-code": "a" * 40}).status_code == 302  # a match in time starts
+
+    looping = runnable_version(workflow, inputSchema={"type": "object", "properties": {
+        "deep": {"$ref": "#/properties/deep"}}})
+    refused = staff_client.post(reverse("admin:workflows_workflowversion_run", args=[looping.pk]), {"input-deep": "1"})
+    assert refused.status_code == 400 and "refers to itself" in refused.content.decode()
+    deep = staff_client.post(reverse("admin:workflows_workflowversion_run", args=[runnable_version(workflow).pk]),
+                             {"input": "[" * 100_000 + "]" * 100_000})
+    assert deep.status_code == 400 and "nested too deeply" in deep.content.decode()
     assert WorkflowInvocation.objects.count() == 1
 
 

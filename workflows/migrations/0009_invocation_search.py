@@ -11,6 +11,13 @@ from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
 
+def drop_leftover(name: str) -> migrations.RunSQL:
+    """A concurrent build that failed, or whose process died, leaves an INVALID index of its name and this
+    migration unrecorded: an index of that name is such a leftover, dropped so that the run again builds it."""
+    return migrations.RunSQL(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"', reverse_sql=migrations.RunSQL.noop,
+                             elidable=True)
+
+
 class Migration(migrations.Migration):
     # built without locking out the writers of messages and invocations (CREATE INDEX CONCURRENTLY)
     atomic = False
@@ -23,14 +30,17 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        drop_leftover('workflows_msg_search_idx'),
         AddIndexConcurrently(
             model_name='message',
             index=django.contrib.postgres.indexes.GinIndex(django.contrib.postgres.search.SearchVector(django.db.models.functions.text.Left(django.db.models.fields.json.KeyTextTransform('content', 'payload'), 100000), django.db.models.functions.text.Left(django.db.models.fields.json.KeyTextTransform('text', 'payload'), 100000), config='english'), name='workflows_msg_search_idx'),
         ),
+        drop_leftover('workflows_msg_tool_idx'),
         AddIndexConcurrently(
             model_name='message',
             index=models.Index(django.db.models.fields.json.KeyTextTransform('name', 'payload'), models.F('workflow_invocation'), condition=models.Q(('role', 'tool')), name='workflows_msg_tool_idx'),
         ),
+        drop_leftover('workflows_inv_search_idx'),
         AddIndexConcurrently(
             model_name='workflowinvocation',
             index=django.contrib.postgres.indexes.GinIndex(django.db.models.expressions.CombinedExpression(workflows.models.JsonWords('input'), '||', workflows.models.JsonWords('output'), output_field=django.contrib.postgres.search.SearchVectorField()), name='workflows_inv_search_idx'),
