@@ -1,10 +1,14 @@
 """Admin building blocks shared by the apps (no models are registered here)."""
 
 from collections.abc import Callable
+from datetime import timedelta
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.paginator import Paginator
 from django.db import connection
+from django.db.models import Count, Q
+from django.utils import timezone
 from django.utils.functional import cached_property
 
 
@@ -106,3 +110,35 @@ class ChangePagePanels:
 
 
 change_page_panels = ChangePagePanels()
+
+
+class BucketFilter(admin.SimpleListFilter):
+    """A filter of named buckets, each a Q on the listed rows (`buckets`: key -> (label, a function giving the
+    Q)); its facet counts are one aggregate, a count per bucket."""
+
+    buckets: dict[str, tuple[str, Callable[[], Q]]] = {}
+
+    def lookups(self, request, model_admin):
+        return [(key, label) for key, (label, _) in self.buckets.items()]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        if self.value() not in self.buckets:
+            raise IncorrectLookupParameters(f"{self.parameter_name}: use one of {', '.join(self.buckets)}")
+        return queryset.filter(self.buckets[self.value()][1]())
+
+    def get_facet_counts(self, pk_attname, filtered_qs):
+        return {f"{index}__c": Count(pk_attname, filter=match())
+                for index, (_label, match) in enumerate(self.buckets.values())}
+
+
+class CreatedWithinFilter(BucketFilter):
+    """Rows created in the last hour, day, week or month (a created_at index serves it)."""
+
+    title, parameter_name = "created", "created"
+    buckets = {key: (label, lambda window=window: Q(created_at__gte=timezone.now() - window))
+               for key, label, window in (("1h", "last hour", timedelta(hours=1)),
+                                          ("24h", "last 24 hours", timedelta(days=1)),
+                                          ("7d", "last 7 days", timedelta(days=7)),
+                                          ("30d", "last 30 days", timedelta(days=30)))}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-from datetime import timedelta
 from urllib.parse import quote as url_quote
 
 from django import forms
@@ -27,7 +26,7 @@ from django.utils.functional import cached_property
 from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
+from config.admin import CreatedWithinFilter, EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin
 from config.display import ago, moment, pretty_json, status_badge
 from config.display import seconds as seconds_text
 from config.home_charts import GRID, STATUS_COLOURS
@@ -187,25 +186,6 @@ def gantt_svg(rows: list[selectors.GanttRow], *, origin, finish, active: bool):
 
 
 # ----------------------------------------------------------------------------------------- list filters
-
-class CreatedWithinFilter(admin.SimpleListFilter):
-    """Runs created in the last hour, day, week or month (the created_at index serves it)."""
-
-    title = "created"
-    parameter_name = "created"
-    WINDOWS = {"1h": ("last hour", timedelta(hours=1)), "24h": ("last 24 hours", timedelta(days=1)),
-               "7d": ("last 7 days", timedelta(days=7)), "30d": ("last 30 days", timedelta(days=30))}
-
-    def lookups(self, request, model_admin):
-        return [(key, label) for key, (label, _) in self.WINDOWS.items()]
-
-    def queryset(self, request, queryset):
-        if not self.value():
-            return queryset
-        if self.value() not in self.WINDOWS:
-            raise IncorrectLookupParameters(f"created: use one of {', '.join(self.WINDOWS)}")
-        return queryset.filter(created_at__gte=timezone.now() - self.WINDOWS[self.value()][1])
-
 
 class TagFilter(admin.SimpleListFilter):
     """Runs carrying a tag (the tags GIN index); the choices are the tags of the latest runs the user sees

@@ -17,13 +17,13 @@ from django import forms
 from django.contrib import messages
 from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
-from django.forms.fields import InvalidJSONInput
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from config.display import excerpt, usd
 from config.display import score as score_text
+from config.forms import JSONTextField
 from evals.admin_views import EXCERPT
 from evals.importing import value_problem
 from evals.models import GoldenResult, GoldenSet
@@ -56,26 +56,10 @@ class TagsField(forms.CharField):
         return ", ".join(value) if isinstance(value, list) else value
 
 
-class ItemInputField(forms.JSONField):
-    """An item's input as JSON text; nesting the decoder's stack cannot take is refused, as invalid JSON is."""
-
-    def to_python(self, value):
-        try:
-            return super().to_python(value)
-        except RecursionError:
-            raise forms.ValidationError("Not JSON this form reads: nested too deeply.", code="invalid") from None
-
-    def bound_data(self, data, initial):
-        try:
-            return super().bound_data(data, initial)
-        except RecursionError:  # shown again as typed
-            return InvalidJSONInput(data)
-
-
 class ItemFromInvocationForm(forms.Form):
     golden_set = forms.ModelChoiceField(queryset=GoldenSet.objects.none(), empty_label=None,
                                         help_text="A golden set of the invocation's workspace.")
-    input = ItemInputField(widget=forms.Textarea(attrs={"rows": 3}),
+    input = JSONTextField(widget=forms.Textarea(attrs={"rows": 3}),
                             help_text="The item's input (JSON), from the invocation's input.")
     expected_output = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 4}),
                                       help_text="From the invocation's output: edit it into the answer you expect.")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import PurePosixPath
@@ -59,7 +58,14 @@ from django.utils.formats import date_format
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from config.admin import EstimatedCountPaginator, PostActionsMixin, ReadOnlyAdmin, change_page_panels
+from config.admin import (
+    BucketFilter,
+    CreatedWithinFilter,
+    EstimatedCountPaginator,
+    PostActionsMixin,
+    ReadOnlyAdmin,
+    change_page_panels,
+)
 from config.display import (
     clipped,
     durable_run_link,
@@ -318,27 +324,6 @@ class WorkflowFilter(ScopedChoiceFilter):
             .values_list("pk", "name")
 
 
-class BucketFilter(admin.SimpleListFilter):
-    """A filter of named buckets, each a Q on the listed rows (`buckets`: key -> (label, a function giving the
-    Q)); its facet counts are one aggregate, a count per bucket."""
-
-    buckets: dict[str, tuple[str, Callable[[], Q]]] = {}
-
-    def lookups(self, request, model_admin):
-        return [(key, label) for key, (label, _) in self.buckets.items()]
-
-    def queryset(self, request, queryset):
-        if not self.value():
-            return queryset
-        if self.value() not in self.buckets:
-            raise IncorrectLookupParameters(f"{self.parameter_name}: use one of {', '.join(self.buckets)}")
-        return queryset.filter(self.buckets[self.value()][1]())
-
-    def get_facet_counts(self, pk_attname, filtered_qs):
-        return {f"{index}__c": Count(pk_attname, filter=match())
-                for index, (_label, match) in enumerate(self.buckets.values())}
-
-
 class CostFilter(BucketFilter):
     title, parameter_name = "cost", "cost"
     buckets = {
@@ -360,17 +345,6 @@ class LatencyFilter(BucketFilter):
         "10m": ("1 min - 10 min", lambda: Q(duration__gte=timedelta(minutes=1), duration__lt=timedelta(minutes=10))),
         "long": ("10 min or more", lambda: Q(duration__gte=timedelta(minutes=10))),
     }
-
-
-class CreatedWithinFilter(BucketFilter):
-    """Invocations created in the last hour, day, week or month (the created_at indexes serve it)."""
-
-    title, parameter_name = "created", "created"
-    buckets = {key: (label, lambda window=window: Q(created_at__gte=timezone.now() - window))
-               for key, label, window in (("1h", "last hour", timedelta(hours=1)),
-                                          ("24h", "last 24 hours", timedelta(days=1)),
-                                          ("7d", "last 7 days", timedelta(days=7)),
-                                          ("30d", "last 30 days", timedelta(days=30)))}
 
 
 class NameFilter(admin.SimpleListFilter):

@@ -25,7 +25,6 @@ from django import forms
 from django.contrib import messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
-from django.forms.fields import InvalidJSONInput
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -33,6 +32,7 @@ from django.utils.html import format_html
 
 from config import user_regex
 from config.display import diff_lines, pretty_json
+from config.forms import JSONTextField
 from workflows import dsl as dsl_module
 from workflows import selectors, services
 from workflows.models import WorkflowVersion
@@ -63,7 +63,7 @@ class StrictJSONDecoder(json.JSONDecoder):
         super().__init__(*args, **{**kwargs, "parse_constant": _refuse_constant})
 
 
-class InputJSONField(forms.JSONField):
+class InputJSONField(JSONTextField):
     """A JSON text of an input: strict (``StrictJSONDecoder``), and empty when it has no value (not `null`); an
     empty list or object is a value given."""
 
@@ -75,17 +75,6 @@ class InputJSONField(forms.JSONField):
     def prepare_value(self, value):
         return "" if value is None else super().prepare_value(value)
 
-    def to_python(self, value):
-        try:
-            return super().to_python(value)
-        except RecursionError:
-            raise forms.ValidationError("Not JSON this form reads: nested too deeply.", code="invalid") from None
-
-    def bound_data(self, data, initial):
-        try:
-            return super().bound_data(data, initial)
-        except RecursionError:  # shown again as typed
-            return InvalidJSONInput(data)
 
 
 def _single_type(spec: dict) -> str | None:
