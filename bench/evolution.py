@@ -25,7 +25,11 @@ item are reused within a workflow, and every workspace has its own workflows.
    (Generation.stats["run_rollouts"]) at the first generation whose run best is the final best, and
    the rollouts reflective spent to reach GP's lift the same way. A generation is the grain (the
    target is read there), so these are the rollouts at the end of that generation; for information
-   the same counts at the grain of the eval run that reached it (eval_ledger).
+   the same counts at the grain of the eval run that reached it (eval_ledger). On held-out items (the
+   headline when both runs carry the claim) each version the run held as its best is scored on the test
+   split after the run, and the rollouts counted are the run's when it first held one as good as GP's
+   best there (Generation.stats["run_best_changes"]: GP changes its best at the end of a generation,
+   after validating it; the reflective mode as an accepted candidate is validated).
 3. Genealogy: two lineages of depth `--depth` (1,000), each version the child of the previous
    (workflows.services.workflow_version_create with parents=): one linear, one with 10 crossovers
    (every 100 versions) that each merge back a 9-version side branch started 20 versions earlier, so
@@ -161,6 +165,7 @@ def run_evolution(*, workflow, golden_set, mode: str, config: dict, max_wait: fl
             "rollouts": stats.get("run_rollouts", 0) - previous["run_rollouts"],
             "cache_hits": stats.get("run_cache_hits", 0) - previous["run_cache_hits"],
             "run_rollouts": stats.get("run_rollouts", 0),
+            "run_best_changes": [dict(change) for change in stats.get("run_best_changes") or []],
             "wall_s": round((generation.ended_at - generation.started_at).total_seconds(), 3)
             if generation.started_at and generation.ended_at else None,
         })
@@ -251,10 +256,10 @@ def rollouts_to_reach(result: dict, lift: float | None) -> int | None:
 
 
 def score_run_bests_on_test(result: dict, golden_set) -> None:
-    """After the run, and read by nothing in it: each generation's run best scored on the test split (an eval
-    run of its own, reusing results of the same version on the same item), so the comparison can tell when a
-    mode first held a version that does as well on held-out items as GP's best. Sets "run_best_test" on each
-    generation (None without a held-out claim)."""
+    """After the run, and read by nothing in it: each version the run held as its best scored on the test split
+    (an eval run of its own, reusing results of the same version on the same item), so the comparison can tell
+    when a mode first held a version that does as well on held-out items as GP's best. Sets "run_best_test" on
+    each generation and "test" on each change of its best (None without a held-out claim)."""
     from durable.inprocess import run_until_settled
     from durable.services import run_start
     from evals.durable_workflows import EVAL_WORKFLOW
@@ -264,9 +269,8 @@ def score_run_bests_on_test(result: dict, golden_set) -> None:
 
     test_ids = split_items(golden_set)["test"] if result["held_out"] else []
     fitness: dict[int, float | None] = {}
-    for generation in result["generations"]:
-        version_id = generation["run_best_version_id"]
-        if test_ids and version_id is not None and version_id not in fitness:
+    for version_id in _run_bests(result):
+        if test_ids and version_id not in fitness:
             eval_run = eval_run_prepare(golden_set=golden_set, version=WorkflowVersion.objects.get(pk=version_id),
                                         item_ids=test_ids)
             durable = run_start(workflow=EVAL_WORKFLOW, input={"eval_run_id": eval_run.pk},
@@ -277,13 +281,27 @@ def score_run_bests_on_test(result: dict, golden_set) -> None:
             run_until_settled(durable.pk, max_wait=600.0, max_iterations=1_000_000)
             eval_run.refresh_from_db()
             fitness[version_id] = eval_run.fitness
-        generation["run_best_test"] = fitness.get(version_id)
+    for generation in result["generations"]:
+        generation["run_best_test"] = fitness.get(generation["run_best_version_id"])
+        for change in generation["run_best_changes"]:
+            change["test"] = fitness.get(change["version_id"])
+
+
+def _run_bests(result: dict) -> list[int]:
+    """Every version the run held as its best, in order: each change of its best, then each generation's."""
+    versions = [change["version_id"] for g in result["generations"] for change in g["run_best_changes"]]
+    versions += [g["run_best_version_id"] for g in result["generations"] if g["run_best_version_id"] is not None]
+    return list(dict.fromkeys(versions))
 
 
 def _reach_on_test(result: dict, wanted: float) -> int | None:
-    """The run's cumulative rollouts at the first generation whose run best scores `wanted` on test."""
-    return next((g["run_rollouts"] for g in result["generations"]
-                 if g.get("run_best_test") is not None and g["run_best_test"] >= wanted - TEST_TOLERANCE), None)
+    """The run's cumulative rollouts when it first held a best scoring `wanted` on test: at the change of its best
+    (Generation.stats["run_best_changes"]), else, for a run that recorded none, at the end of the generation."""
+    changes = [change for g in result["generations"] for change in g["run_best_changes"]]
+    if not changes:
+        changes = [{"run_rollouts": g["run_rollouts"], "test": g.get("run_best_test")} for g in result["generations"]]
+    return next((c["run_rollouts"] for c in changes
+                 if c.get("test") is not None and c["test"] >= wanted - TEST_TOLERANCE), None)
 
 
 def compare_on_test(gp: dict, reflective: dict) -> dict:
@@ -555,8 +573,8 @@ def report(results: dict) -> None:
                            "split as GP's best (target: <= 1/3 of GP's rollouts until its run best did)",
                            ["agent", "GP test lift %", "GP rollouts to it", "reflective test lift %",
                             "reflective rollouts to GP's test lift", "share of GP's", "verdict", "note"], held)
-        print("  (each generation's run best is scored on the test split after the run, by the benchmark: nothing in "
-              "the search reads it; rollouts are the run's own, cumulative at the end of that generation)")
+        print("  (each version a run held as its best is scored on the test split after the run, by the benchmark: "
+              "nothing in the search reads it; rollouts are the run's own, cumulative when it began to hold it)")
     tree = results.get("genealogy")
     if tree:
         common.print_table(

@@ -18,7 +18,8 @@ Held-out items (evals/splits.py): when the golden set can carry a held-out claim
 (evals.selectors.split_plan), the search scores individuals on the train split only ("the full
 set" above is the train split, and minibatches are drawn from it); the run's best and the
 convergence rule read the validation split, on which the base and each generation's top
-VALIDATED_PER_GENERATION by train fitness are scored (each version once); at the end the base and
+VALIDATED_PER_GENERATION by train fitness are scored (each version once; in the reflective modes each candidate
+also as it joins the frontier, so the run holds a better version as soon as it is found); at the end the base and
 the best are scored on the test split, which nothing before read, and the report
 (execution.test_report, EvolutionRun.report) compares them there. A set that cannot carry the
 claim is searched and selected on whole, as the report states with the plan's reason.
@@ -105,6 +106,9 @@ class Loop:
         self.validation: dict[int, dict] = {}  # measurements on the validation split by version (held out only)
         self.totals = {"evaluations": 0, "rollouts": 0, "cache_hits": 0, "usd": Decimal(0)}
         self.best_history: list[float] = []  # the run best's selection fitness after each generation
+        # each time the run best changed: the version and the run's rollouts then, for the generation's row
+        self.best_changes: list[dict] = []
+        self.recorded_changes = 0  # how many of them earlier generations' rows hold
         self.made: dict[int, dict] = {}  # version -> how it was made (kind, note, parents)
 
     def run(self) -> dict:
@@ -140,6 +144,14 @@ class Loop:
             return
         with contextlib.suppress(BudgetSpent):
             self.validation.update(self.measure(f"val:{label}", todo, self.validation_items))
+        self.note_best()
+
+    def note_best(self) -> None:
+        """Remember the run's rollouts when its best changes (read from the generation's row: how much the run
+        spent to hold each of its bests, at the grain it chose them)."""
+        best = self.best()
+        if not self.best_changes or self.best_changes[-1]["version_id"] != best:
+            self.best_changes.append({"version_id": best, "run_rollouts": self.totals["rollouts"]})
 
     def measure(self, label: str, version_ids: list[int], item_ids: list[int] | None) -> dict[int, dict]:
         """An eval run of each version on `item_ids` (None: the whole set), driven as children; what each
@@ -245,6 +257,7 @@ class Loop:
         scored = [v for v in members if v in self.scores]
         self.validate(f"g{number}", ([self.base] if number == 0 else []) + self.rank(scored)[:VALIDATED_PER_GENERATION])
         fitnesses = [self.fitness(v) for v in scored]
+        self.note_best()
         best = self.best()
         previous = self.best_history[-1] if self.best_history else None
         current = self.selection_fitness(best)
@@ -264,7 +277,9 @@ class Loop:
             "run_evaluations": self.totals["evaluations"], "run_rollouts": self.totals["rollouts"],
             "run_cache_hits": self.totals["cache_hits"], "run_usd": f"{self.totals['usd']:f}",
             "evaluations_per_hour": round(self.totals["evaluations"] / elapsed_hours, 2),
+            "run_best_changes": self.best_changes[self.recorded_changes:],
         }
+        self.recorded_changes = len(self.best_changes)
         rows = []
         for version in members:
             measured, made = self.scores.get(version, {}), self.made.get(version, {})
@@ -414,15 +429,19 @@ class Reflective(Loop):
         if sum(after) <= sum(before):
             return False
         self.evaluate(f"full{iteration}", [child])
-        if not iterative:
-            return True
-        from evals.stats import paired_comparison
+        if iterative:
+            from evals.stats import paired_comparison
 
-        mine, theirs = self.scores[child]["scores"], parent_scores
-        paired = [item for item in map(str, self.search_items)
-                  if mine.get(item) is not None and theirs.get(item) is not None]
-        # kept only when significantly better (with fewer than 6 items Wilcoxon never is at alpha 0.05)
-        return paired_comparison([theirs[i] for i in paired], [mine[i] for i in paired]).verdict == "better"
+            mine, theirs = self.scores[child]["scores"], parent_scores
+            paired = [item for item in map(str, self.search_items)
+                      if mine.get(item) is not None and theirs.get(item) is not None]
+            # kept only when significantly better (with fewer than 6 items Wilcoxon never is at alpha 0.05)
+            if paired_comparison([theirs[i] for i in paired], [mine[i] for i in paired]).verdict != "better":
+                return False
+        # a candidate is scored on validation as it joins the frontier (as GEPA scores each accepted candidate on
+        # its validation set), so the run holds it as its best from then on, not from the end of the block
+        self.validate(f"i{iteration}", [child])
+        return True
 
     def pick(self, candidates: list[int], iteration: int, *, allow_merge: bool) -> tuple[int, int | None]:
         """A parent from the Pareto frontier, weighted by the items it leads on; sometimes a second

@@ -20,7 +20,7 @@ REPORT_FIELDS = {"held_out", "reason", "splits", "base", "best", "test_lift", "t
                  "test_items", "verdict", "p_value", "train_test_gap", "test_error"}
 GENERATION_FIELDS = {"number", "members", "best", "avg", "worst", "best_version_id", "run_best",
                      "run_best_version_id", "evaluations", "rollouts", "cache_hits", "run_rollouts", "wall_s",
-                     "run_best_test"}
+                     "run_best_test", "run_best_changes"}
 QUERY_FIELDS = {"n", "median_ms", "p95_ms", "min_ms", "max_ms", "rows", "max_depth", "paths_walked", "met",
                 "explain"}
 
@@ -54,6 +54,10 @@ def test_the_evolution_benchmark_runs_at_a_tiny_size_and_reports_every_field(set
         assert run["held_out"] and run["rollouts"] > searched
         assert run["base_fitness"] is not None and run["best_fitness"] is not None and run["lift"] is not None
         assert run["rollouts_to_best"] is not None and run["generation_of_best"] is not None
+        # each version the run held as its best, with the run's rollouts then, scored on test after the run
+        changes = [c for g in run["generations"] for c in g["run_best_changes"]]
+        assert changes and changes[-1]["version_id"] == run["best_version_id"]
+        assert all(c["test"] is not None and c["run_rollouts"] <= searched for c in changes)
         # the eval runs, in order, add up to the run's rollouts; the best was scored by one of them
         assert run["ledger"] and run["ledger"][-1]["run_rollouts"] == run["rollouts"]
         assert run["rollouts_to_best_by_eval_run"] is not None

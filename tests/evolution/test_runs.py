@@ -3,6 +3,7 @@ determinism, stop rules, pause and resume, cancel."""
 
 from datetime import timedelta
 from decimal import Decimal
+from itertools import pairwise
 
 import pytest
 from django.utils import timezone
@@ -372,6 +373,30 @@ def test_a_held_out_run_searches_on_train_and_reads_test_only_for_its_report(fac
     validated = [r for r in runs if set(r.config["item_ids"]) == ids["validation"]]
     assert run.base_version_id in {r.workflow_version_id for r in validated}
     assert len({r.workflow_version_id for r in validated}) == len(validated)  # each version once
+
+
+def test_a_reflective_run_validates_each_candidate_as_it_joins_the_frontier(facts, held_out_set, support_base,
+                                                                           evolve):
+    """An accepted candidate is scored on validation right after its train eval run, so the run may hold it as its
+    best from then on; each generation's row lists the changes of the run's best with the run's rollouts then."""
+    run = evolve(support_base.workflow, held_out_set, mode="reflective",
+                 config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2})
+    assert run.status == "completed", run.error
+    ids = split_ids(held_out_set)
+    runs = [r for r in eval_runs_of(run) if not set(r.config["item_ids"]) & ids["test"]]
+    accepted = [(i, r) for i, r in enumerate(runs) if set(r.config["item_ids"]) == ids["train"]
+                and r.workflow_version_id != run.base_version_id]
+    assert accepted, "no candidate beat its parent on a minibatch: the test shows nothing"
+    for index, train in accepted:
+        following = runs[index + 1]
+        assert following.workflow_version_id == train.workflow_version_id
+        assert set(following.config["item_ids"]) == ids["validation"]
+    changes = [c for g in Generation.objects.filter(evolution_run=run).order_by("number")
+               for c in g.stats["run_best_changes"]]
+    assert changes[0]["version_id"] == run.base_version_id and changes[-1]["version_id"] == run.best_version_id
+    assert all(a["version_id"] != b["version_id"] for a, b in pairwise(changes))
+    rollouts = [c["run_rollouts"] for c in changes]
+    assert rollouts == sorted(rollouts) and rollouts[-1] <= run.rollouts
 
 
 def test_the_run_best_is_the_validation_best_not_the_train_best(facts, diverging_set, support_base, evolve):
