@@ -20,7 +20,6 @@ import json
 import re
 from decimal import Decimal
 
-import jsonschema
 from django import forms
 from django.contrib import messages
 from django.contrib.admin.utils import quote, unquote
@@ -30,7 +29,6 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from config import user_regex
 from config.display import diff_lines, pretty_json
 from config.forms import JSONTextField
 from workflows import dsl as dsl_module
@@ -39,7 +37,6 @@ from workflows.models import WorkflowVersion
 
 AGAINST_CHOICES = 50  # versions of the workflow offered to diff against
 EDITOR_LIMIT = 1_000_000  # characters of DSL the editor takes
-PATTERN_TIMEOUT_SECONDS = 2.0  # the input schema's patterns (user regexes), all of one validation, in the web process
 RUN_PERMISSION = "workflows.add_workflowinvocation"
 EDIT_PERMISSION = "workflows.add_workflowversion"
 
@@ -179,21 +176,11 @@ class InputForm(forms.Form):
         return data
 
     def _check_schema(self, value) -> None:
-        try:
-            validator = user_regex.schema_validator(self.schema)
-        except (jsonschema.SchemaError, RecursionError):
-            return  # the fields checked what they could; an invalid schema cannot judge the rest
-        try:
-            errors = user_regex.schema_errors(validator, value, timeout=PATTERN_TIMEOUT_SECONDS)
-        except user_regex.PatternTimeout as exc:
-            self.add_error(self._field_of(self._pattern_path(value)), f"Not checked: a pattern of the input schema "
-                                                                      f"{exc}.")
-            return
-        except RecursionError:
-            self.add_error(None, "Not checked: the input schema refers to itself without end ($ref).")
-            return
-        for error in sorted(errors, key=lambda error: list(map(str, error.absolute_path))):
-            self.add_error(self._field_of(list(error.absolute_path)), error.message)
+        check = services.input_check(self.schema, value)
+        if check.refused:
+            self.add_error(self._field_of(self._pattern_path(value)) if check.timed_out else None, check.refused)
+        for where, message in check.errors:
+            self.add_error(self._field_of(where), message)
 
     def _pattern_path(self, value) -> list:
         """Where a timed-out pattern was matched: the one property with a pattern, when there is one."""

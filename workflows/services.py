@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -150,6 +151,50 @@ def version_problems(version: WorkflowVersion) -> dict[str, list[str]]:
     if models:
         problems["models"] = models
     return problems
+
+
+INPUT_PATTERN_TIMEOUT_SECONDS = 2.0  # an input schema's patterns (user regexes), all of one check, in the web process
+
+
+class InputCheck(NamedTuple):
+    """What a version's input schema says of an input: each error with its path into the input, or why the
+    input could not be checked (`refused`; `timed_out` when a pattern ran out of time). An unusable schema
+    judges nothing (the DSL's own checks own it)."""
+
+    errors: list[tuple[list, str]]
+    refused: str = ""
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not self.refused
+
+    def messages(self) -> list[str]:
+        """One line per problem, each error led by where it is ("n", "items/0", "(the input)")."""
+        where = [f"{'/'.join(map(str, path)) or '(the input)'}: {message}" for path, message in self.errors]
+        return [self.refused] if self.refused else where
+
+
+def input_check(schema, value) -> InputCheck:
+    """`value` checked against the input schema `schema` (JSON Schema), its patterns time-limited."""
+    import jsonschema
+
+    from config import user_regex
+
+    if not isinstance(schema, dict) or not schema:
+        return InputCheck([])
+    try:
+        validator = user_regex.schema_validator(schema)
+    except (jsonschema.SchemaError, RecursionError):
+        return InputCheck([])
+    try:
+        errors = user_regex.schema_errors(validator, value, timeout=INPUT_PATTERN_TIMEOUT_SECONDS)
+    except user_regex.PatternTimeout as exc:
+        return InputCheck([], f"Not checked: a pattern of the input schema {exc}.", timed_out=True)
+    except RecursionError:
+        return InputCheck([], "Not checked: the input schema refers to itself without end ($ref).")
+    ordered = sorted(errors, key=lambda error: list(map(str, error.absolute_path)))
+    return InputCheck([(list(error.absolute_path), error.message) for error in ordered])
 
 
 def invocation_start(*, version: WorkflowVersion, input=None, user=None, node_budget: int | None = None,

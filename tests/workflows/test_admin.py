@@ -1477,9 +1477,9 @@ def test_run_without_an_input_schema_takes_json_and_a_version_that_cannot_run_is
 
 def test_run_form_matches_the_schema_s_patterns_under_a_time_limit_and_refuses_a_schema_that_loops(
         staff_client, workflow, monkeypatch):
-    from workflows import admin_views
+    from workflows import services
 
-    monkeypatch.setattr(admin_views, "PATTERN_TIMEOUT_SECONDS", 0.1)
+    monkeypatch.setattr(services, "INPUT_PATTERN_TIMEOUT_SECONDS", 0.1)
     version = runnable_version(workflow, inputSchema={"type": "object", "properties": {
         "code": {"type": "string", "pattern": "(a?){32}a{32}"}}})
     url = reverse("admin:workflows_workflowversion_run", args=[version.pk])

@@ -406,6 +406,39 @@ def test_bad_invocation_input_is_400_naming_the_field(api_as, owner, workspace, 
     assert not WorkflowInvocation.objects.exists()
 
 
+SCHEMA = {"type": "object", "required": ["text"],
+          "properties": {"text": {"type": "string", "maxLength": 20}, "n": {"type": "integer", "minimum": 1}}}
+
+
+def test_an_input_its_version_schema_refuses_is_400_naming_each_place(api_as, owner, workspace):
+    """The version's inputSchema binds the API as it binds the admin's Run form: nothing starts."""
+    client = api_as(owner)
+    _, version = make_workflow(workspace, dsl=flow(inputSchema=SCHEMA))
+    error = error_of(client.post(f"{VERSIONS}{version.pk}/invoke/", {"input": {"n": 0}}, format="json"))
+    assert list(error["fields"]) == ["input"]
+    problems = error["fields"]["input"]
+    assert "(the input): 'text' is a required property" in problems and "n: 0 is less than the minimum of 1" in problems
+    for value in ("plain text", {"text": "x" * 21}, None):
+        assert error_of(client.post(f"{VERSIONS}{version.pk}/invoke/", {"input": value}, format="json"))["fields"]
+    assert not WorkflowInvocation.objects.exists()
+    assert client.post(f"{VERSIONS}{version.pk}/invoke/", {"input": {"text": "hi", "n": 2}},
+                       format="json").status_code == 202
+
+
+def test_an_input_schema_pattern_that_backtracks_refuses_the_input_in_bounded_time(api_as, owner, workspace,
+                                                                                  monkeypatch):
+    from workflows import services
+
+    monkeypatch.setattr(services, "INPUT_PATTERN_TIMEOUT_SECONDS", 0.1)
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "(a?){32}a{32}"}}}
+    _, version = make_workflow(workspace, dsl=flow(inputSchema=schema))
+    error = error_of(api_as(owner).post(f"{VERSIONS}{version.pk}/invoke/", {"input": {"code": ("a" * 31 + "b") * 150}},
+                                        format="json"))
+    assert error["fields"]["input"] == ["Not checked: a pattern of the input schema the pattern did not finish "
+                                        "within 0.1 s."]
+    assert not WorkflowInvocation.objects.exists()
+
+
 def test_an_input_json_cannot_store_is_400_naming_it(api_as, owner, workspace):
     _, version = make_workflow(workspace)
     raw = '{"input": {"n": [1, 1e999]}}'

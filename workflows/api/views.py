@@ -283,12 +283,16 @@ class WorkflowVersionViewSet(WorkspaceScopedReadOnlyViewSet):
                    request=InvokeSerializer, responses={202: WorkflowInvocationDetailSerializer})
     @action(detail=True, methods=["post"])
     def invoke(self, request, pk=None):
-        """Refused (400) when the version names tools or models this installation lacks: `tools` and
-        `models` list each one with its node."""
+        """Refused (400) when the input does not match the version's `inputSchema` (`input` lists each problem
+        with its place in the input), or when the version names tools or models this installation lacks: `tools`
+        and `models` list each one with its node."""
         version = self.get_object()
         serializer = InvokeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        check = services.input_check(version.input_schema, data["input"])
+        if not check.ok:
+            raise exceptions.ValidationError({"input": check.messages()})
         invocation = services.invocation_start(version=version, input=data["input"], user=request.user,
                                                node_budget=data.get("node_budget"), usd_budget=data.get("usd_budget"))
         invocation = invocation_queryset(detail=True).get(pk=invocation.pk)
