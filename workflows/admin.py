@@ -54,6 +54,7 @@ from django.db.models.functions import Coalesce
 from django.http import FileResponse, Http404
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.formats import date_format
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
@@ -794,6 +795,17 @@ def message_view(message: Message) -> dict:
     }
 
 
+def when_text(value) -> str:
+    """A stored ISO timestamp in the admin's time zone, as the admin writes dates ("Y-m-d H:i:s"); anything
+    else as it is."""
+    moment = parse_datetime(value) if isinstance(value, str) else None
+    if moment is None:
+        return "" if value is None else str(value)
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, timezone.get_default_timezone())
+    return date_format(timezone.localtime(moment), "Y-m-d H:i:s")
+
+
 NODE_OPEN = (NodeInvocation.Status.RUNNING, NodeInvocation.Status.WAITING)  # its totals are not written yet
 
 
@@ -807,6 +819,8 @@ def node_view(node: NodeInvocation, node_messages: list[dict], can_act: bool, ca
                  "usd_cost": usd(node.usd_cost), "llm_calls": node.llm_calls, "cache_hits": node.cache_hits}
     approval = node.approval if isinstance(node.approval, dict) else None
     sent = approval.get("sent") if approval and isinstance(approval.get("sent"), dict) else None
+    if sent is not None:
+        sent = {**sent, "at": when_text(sent.get("at"))}
     decided = approval if approval and not approval.get("pending") and approval.get("decision") else None
     return {
         "seq": node.seq, "node_id": node.node_id, "status": "throttled" if node.throttled else node.status,

@@ -4,7 +4,7 @@ guarantees around them: workspace scope, escaped user text, write-only secrets, 
 
 import json
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -700,6 +700,9 @@ def test_approve_sends_the_decision_to_the_run_and_a_second_decision_is_refused(
 
     page = staff_client.get(change_url("workflowinvocation", invocation.pk)).content.decode()
     assert "Decision sent: approve" in page and 'value="approve"' not in page
+    # when, as the admin writes dates (its time zone), not the stored ISO text
+    sent_at = timezone.localtime(datetime.fromisoformat(node.approval["sent"]["at"]))
+    assert f"at {sent_at:%Y-%m-%d %H:%M:%S}" in page and node.approval["sent"]["at"] not in page
 
     again = decide(staff_client, invocation, node_seq=1, decision="reject", comment="changed my mind")
     assert again.status_code == 302
