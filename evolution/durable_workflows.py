@@ -101,6 +101,9 @@ class Loop:
         self.search_items = splits["train"] if self.held_out else self.items
         self.validation_items = splits["validation"] if self.held_out else []
         self.test_items = splits["test"] if self.held_out else []
+        # a run begun before the reflective loop held a better version as soon as it was found validates candidates
+        # at the end of their block: as it began to, since its history replays only so
+        self.best_as_found = bool(plan.get("best_as_found"))
         self.started = datetime.fromisoformat(plan["started_at"])
         self.scores: dict[int, dict] = {}  # measurements on the search items (train, else the whole set) by version
         self.validation: dict[int, dict] = {}  # measurements on the validation split by version (held out only)
@@ -440,7 +443,8 @@ class Reflective(Loop):
                 return False
         # a candidate is scored on validation as it joins the frontier (as GEPA scores each accepted candidate on
         # its validation set), so the run holds it as its best from then on, not from the end of the block
-        self.validate(f"i{iteration}", [child])
+        if self.best_as_found:
+            self.validate(f"i{iteration}", [child])
         return True
 
     def pick(self, candidates: list[int], iteration: int, *, allow_merge: bool) -> tuple[int, int | None]:

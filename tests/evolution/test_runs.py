@@ -399,6 +399,52 @@ def test_a_reflective_run_validates_each_candidate_as_it_joins_the_frontier(fact
     assert rollouts == sorted(rollouts) and rollouts[-1] <= run.rollouts
 
 
+def try_child_as_begun_before_validation_on_acceptance(self, child, parent, iteration, iterative):
+    """Reflective.try_child as the loop had it before a candidate was validated as it joined the frontier."""
+    rng = execution.generator(self.config["seed"], "minibatch", iteration)
+    items = sorted(rng.sample(self.search_items, min(self.config["minibatch"], len(self.search_items))))
+    quick = self.evaluate(f"mb{iteration}", [child], items=items).get(child, {})
+    parent_scores = self.scores[parent]["scores"]
+    before = [parent_scores.get(str(item)) or 0.0 for item in items]
+    after = [(quick.get("scores") or {}).get(str(item)) or 0.0 for item in items]
+    if sum(after) <= sum(before):
+        return False
+    self.evaluate(f"full{iteration}", [child])
+    return not iterative
+
+
+def test_a_reflective_run_begun_before_validation_on_acceptance_replays_as_it_began(facts, held_out_set,
+                                                                                    support_base, monkeypatch):
+    """A run the earlier loop began (its plan has no "best_as_found") and whose worker died after writing the
+    generation 1 row is picked up by the present loop: it replays the history as it was written and goes on the way
+    it began (candidates validated at the end of their block), instead of failing on a checkpoint it does not
+    expect."""
+    from durable import owners
+    from evolution.durable_workflows import Reflective
+
+    owner = next(o for o in owners.registered() if o.model is EvolutionRun)
+    plan = owner.plan
+    monkeypatch.setattr(owner, "plan", lambda run: {k: v for k, v in plan(run).items() if k != "best_as_found"})
+    monkeypatch.setattr(Reflective, "try_child", try_child_as_begun_before_validation_on_acceptance)
+    deaths = die_after(monkeypatch, "record_generation", when=lambda args: args[1] == 1)
+    run = evolution_start(workflow=support_base.workflow, golden_set=held_out_set, mode="reflective",
+                          config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2})
+    with pytest.raises(WorkerDied):
+        run_until_settled(run.durable_run_id, max_wait=300)
+    assert deaths
+    monkeypatch.undo()  # the present loop takes the run over
+    past = timezone.now() - timedelta(hours=1)
+    DurableRun.objects.filter(status="running").update(locked_until=past)
+    assert tick.recover_expired_leases() >= 1
+    durable = run_until_settled(run.durable_run_id, max_wait=300)
+    run.refresh_from_db()
+    assert durable.status == "completed" and run.status == "completed", durable.error
+    names = set(StepCheckpoint.objects.filter(run_id=run.durable_run_id).values_list("name", flat=True))
+    assert "scores:full1" in names and not {n for n in names if n.startswith("evals:val:i")}
+    assert Generation.objects.filter(evolution_run=run).order_by("number").last().stats["run_best_version_id"] \
+        == run.best_version_id
+
+
 def test_the_run_best_is_the_validation_best_not_the_train_best(facts, diverging_set, support_base, evolve):
     from evals.models import EvalRun
 
