@@ -19,7 +19,8 @@ Held-out items (evals/splits.py): when the golden set can carry a held-out claim
 set" above is the train split, and minibatches are drawn from it); the run's best and the
 convergence rule read the validation split, on which the base and each generation's top
 VALIDATED_PER_GENERATION by train fitness are scored (each version once; in the reflective modes each candidate
-also as it joins the frontier, so the run holds a better version as soon as it is found); at the end the base and
+also as it joins the frontier, so the run holds a better version as soon as it is found, and a block of proposals a
+stop rule cuts short still gets its row, so that a row names each best the run held); at the end the base and
 the best are scored on the test split, which nothing before read, and the report
 (execution.test_report, EvolutionRun.report) compares them there. A set that cannot carry the
 claim is searched and selected on whole, as the report states with the plan's reason.
@@ -102,7 +103,8 @@ class Loop:
         self.validation_items = splits["validation"] if self.held_out else []
         self.test_items = splits["test"] if self.held_out else []
         # a run begun before the reflective loop held a better version as soon as it was found validates candidates
-        # at the end of their block: as it began to, since its history replays only so
+        # at the end of their block and writes no row for a block a stop rule cut short: as it began to, since its
+        # history replays only so
         self.best_as_found = bool(plan.get("best_as_found"))
         self.started = datetime.fromisoformat(plan["started_at"])
         self.scores: dict[int, dict] = {}  # measurements on the search items (train, else the whole set) by version
@@ -411,15 +413,27 @@ class Reflective(Loop):
             if child is not None and child["version_id"] not in self.scores:
                 version = child["version_id"]
                 self.made[version] = child
-                accepted = self.try_child(version, parent, iteration, iterative)
+                try:
+                    accepted = self.try_child(version, parent, iteration, iterative)
+                except BudgetSpent as spent:
+                    reason = str(spent)
+                    break
                 block.append(version)
                 if accepted:
                     candidates = [version] if iterative else [*candidates, version]
             if iteration % c["population"] == 0 or iteration == iterations:
-                members = [v for v in block if v in self.scores] or [self.best()]
-                self.record(len(self.best_history), members, set(candidates), block_start)
+                self.record_block(block, candidates, block_start)
                 block, block_start = [], self.ctx.now()
+        if block and self.best_as_found:
+            # a stop rule ended the run inside a block: its row too, so that a row names each best the run held
+            self.record_block(block, candidates, block_start)
         return reason or f"{iterations} proposals made"
+
+    def record_block(self, block: list[int], candidates: list[int], started: datetime) -> None:
+        """A block of proposals as a generation's row: its scored proposals (the run's best when none was), the
+        frontier as its survivors."""
+        members = [v for v in block if v in self.scores] or [self.best()]
+        self.record(len(self.best_history), members, set(candidates), started)
 
     def try_child(self, child: int, parent: int, iteration: int, iterative: bool) -> bool:
         """Minibatch first (drawn from the search items); all of them only when the child beats its parent there."""

@@ -399,6 +399,48 @@ def test_a_reflective_run_validates_each_candidate_as_it_joins_the_frontier(fact
     assert rollouts == sorted(rollouts) and rollouts[-1] <= run.rollouts
 
 
+@pytest.mark.parametrize("golden", ["held_out_set", "support_set"])
+def test_a_stop_rule_inside_a_reflective_block_still_writes_its_row(facts, support_base, evolve, request, golden):
+    """The evaluation cap ends the run after its first accepted candidate, inside the first block of proposals: that
+    block gets its row too, so the run's best (the candidate, validated as it joined the frontier, or the best on
+    the whole set) is a version some row names, and the last change of the best its rows list."""
+    golden_set = request.getfixturevalue(golden)
+    run = evolve(support_base.workflow, golden_set, mode="reflective",
+                 config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2, "max_evaluations": 2})
+    assert run.status == "completed" and run.stop_reason.startswith("evaluation cap reached"), run.stop_reason
+    assert run.best_version_id != run.base_version_id
+    rows = list(Generation.objects.filter(evolution_run=run).order_by("number"))
+    assert run.generations_done == len(rows) == 2
+    assert rows[-1].stats["run_best_version_id"] == run.best_version_id
+    assert Individual.objects.filter(generation=rows[-1], workflow_version_id=run.best_version_id).exists()
+    assert [c for g in rows for c in g.stats["run_best_changes"]][-1]["version_id"] == run.best_version_id
+
+
+def test_a_budget_spent_inside_a_reflective_block_still_writes_its_row(facts, held_out_set, support_base, evolve,
+                                                                       monkeypatch):
+    """The budget runs out once the first accepted candidate is validated (the next minibatch cannot start): the
+    run stops naming the budget, and the block it stopped in has its row, which names the candidate as its best."""
+    from evolution.durable_workflows import BudgetSpent, Loop
+
+    share = Loop.budget_share
+
+    def spent_after_two_validations(self, count):
+        if len(self.validation) >= 2:  # the base and the first candidate: a function of the replayed state
+            raise BudgetSpent(self.budget_reason())
+        return share(self, count)
+
+    monkeypatch.setattr(Loop, "budget_share", spent_after_two_validations)
+    run = evolve(support_base.workflow, held_out_set, mode="reflective",
+                 config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2})
+    assert run.status == "completed" and run.stop_reason.startswith("USD budget reached"), run.stop_reason
+    assert "test split was not scored" in run.report["test_error"]
+    rows = list(Generation.objects.filter(evolution_run=run).order_by("number"))
+    assert len(rows) == 2 and run.best_version_id != run.base_version_id
+    assert rows[-1].stats["run_best_version_id"] == run.best_version_id
+    assert rows[-1].stats["run_rollouts"] == run.rollouts
+    assert [c for g in rows for c in g.stats["run_best_changes"]][-1]["version_id"] == run.best_version_id
+
+
 def try_child_as_begun_before_validation_on_acceptance(self, child, parent, iteration, iterative):
     """Reflective.try_child as the loop had it before a candidate was validated as it joined the frontier."""
     rng = execution.generator(self.config["seed"], "minibatch", iteration)
