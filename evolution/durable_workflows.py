@@ -446,6 +446,7 @@ class Reflective(Loop):
         if sum(after) <= sum(before):
             return False
         self.evaluate(f"full{iteration}", [child])
+        self.note_best()  # read from the search set (no held-out claim, or no validation yet), the best changes here
         if iterative:
             from evals.stats import paired_comparison
 

@@ -399,6 +399,39 @@ def test_a_reflective_run_validates_each_candidate_as_it_joins_the_frontier(fact
     assert rollouts == sorted(rollouts) and rollouts[-1] <= run.rollouts
 
 
+def rollouts_after(run) -> dict[int, int]:
+    """The run's cumulative rollouts (fresh item invocations, as eval_scores counts them) after each of its eval
+    runs, in the order they were created."""
+    from evals.models import GoldenResult
+
+    total, after = 0, {}
+    for eval_run in eval_runs_of(run):
+        total += GoldenResult.objects.filter(eval_run=eval_run, reused_from__isnull=True,
+                                             workflow_invocation__isnull=False).count()
+        after[eval_run.pk] = total
+    return after
+
+
+@pytest.mark.parametrize("golden", ["held_out_set", "support_set"])
+def test_each_change_of_a_reflective_runs_best_is_recorded_with_the_rollouts_when_it_changed(
+        facts, support_base, evolve, request, golden):
+    """The run's best changes when the eval run that puts a version first ends: its validation eval run with a
+    held-out claim, its eval run on the whole set without one. Each change a row lists carries the run's rollouts
+    right then, not at the end of the block (a set too small to split has no validation to wait for)."""
+    golden_set = request.getfixturevalue(golden)
+    run = evolve(support_base.workflow, golden_set, mode="reflective",
+                 config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2})
+    assert run.status == "completed", run.error
+    selected = split_ids(golden_set)["validation"] if run.held_out else None
+    deciding = {r.workflow_version_id: r.pk for r in eval_runs_of(run)
+                if (set(r.config["item_ids"]) == selected if selected else "item_ids" not in r.config)}
+    after = rollouts_after(run)
+    changes = [c for g in Generation.objects.filter(evolution_run=run).order_by("number")
+               for c in g.stats["run_best_changes"]]
+    assert len(changes) >= 2 and changes[-1]["version_id"] == run.best_version_id
+    assert [c["run_rollouts"] for c in changes] == [after[deciding[c["version_id"]]] for c in changes]
+
+
 @pytest.mark.parametrize("golden", ["held_out_set", "support_set"])
 def test_a_stop_rule_inside_a_reflective_block_still_writes_its_row(facts, support_base, evolve, request, golden):
     """The evaluation cap ends the run after its first accepted candidate, inside the first block of proposals: that
