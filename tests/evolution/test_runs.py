@@ -474,6 +474,46 @@ def test_a_budget_spent_inside_a_reflective_block_still_writes_its_row(facts, he
     assert [c for g in rows for c in g.stats["run_best_changes"]][-1]["version_id"] == run.best_version_id
 
 
+def test_a_reflective_run_resumed_after_crashes_records_the_changes_of_its_best_as_an_uninterrupted_one(
+        facts, held_out_set, make_version, monkeypatch):
+    """The same held-out reflective run on two copies of the workflow: one uninterrupted, one whose worker dies right
+    after a candidate's validation eval run was read (before its checkpoint) and again right after the generation 1
+    row was written. The resumed run replays to the same changes of its best, at the same rollouts, and the same
+    totals and best."""
+    from evals.models import EvalRun
+
+    config = {"population": 3, "generations": 2, "seed": 1, "minibatch": 2}
+    validation = split_ids(held_out_set)["validation"]
+
+    def rows(run, base):
+        hashes = dict(WorkflowVersion.objects.filter(workflow=base.workflow).values_list("pk", "dsl_hash"))
+        return [(g.number, hashes[g.stats["run_best_version_id"]], g.stats["run_rollouts"],
+                 [(hashes[c["version_id"]], c["run_rollouts"]) for c in g.stats["run_best_changes"]])
+                for g in Generation.objects.filter(evolution_run=run).order_by("number")]
+
+    clean_base = make_version(BASE_DSL, name="clean")
+    clean = drive_through_crashes(evolution_start(workflow=clean_base.workflow, golden_set=held_out_set,
+                                                  mode="reflective", config=config), crashes=0)
+    assert clean.status == "completed", clean.error
+
+    def a_candidates_validation(args):
+        eval_runs = EvalRun.objects.filter(pk__in=[pk for pk in args[0].values() if isinstance(pk, int)])
+        return any(set(r.config.get("item_ids") or []) == validation and r.workflow_version.parent1_id
+                   for r in eval_runs)
+
+    deaths = [die_after(monkeypatch, "eval_scores", when=a_candidates_validation),
+              die_after(monkeypatch, "record_generation", when=lambda args: args[1] == 1)]
+    crashed_base = make_version(BASE_DSL, name="crashed")
+    crashed = drive_through_crashes(evolution_start(workflow=crashed_base.workflow, golden_set=held_out_set,
+                                                    mode="reflective", config=config), crashes=2)
+    assert all(deaths) and crashed.status == "completed", crashed.error
+    assert rows(crashed, crashed_base) == rows(clean, clean_base)
+    assert (crashed.rollouts, crashed.evaluations, crashed.stop_reason) == \
+        (clean.rollouts, clean.evaluations, clean.stop_reason)
+    assert WorkflowVersion.objects.get(pk=crashed.best_version_id).dsl_hash == \
+        WorkflowVersion.objects.get(pk=clean.best_version_id).dsl_hash
+
+
 def try_child_as_begun_before_validation_on_acceptance(self, child, parent, iteration, iterative):
     """Reflective.try_child as the loop had it before a candidate was validated as it joined the frontier."""
     rng = execution.generator(self.config["seed"], "minibatch", iteration)
