@@ -19,7 +19,8 @@ Held-out items (evals/splits.py): when the golden set can carry a held-out claim
 set" above is the train split, and minibatches are drawn from it); the run's best and the
 convergence rule read the validation split, on which the base and each generation's top
 VALIDATED_PER_GENERATION by train fitness are scored (each version once; in the reflective modes each candidate
-also as it joins the frontier, so the run holds a better version as soon as it is found); at the end the base and
+also as it joins the frontier, so the run holds a better version as soon as it is found, and a block of proposals a
+stop rule cuts short still gets its row, so that a row names each best the run held); at the end the base and
 the best are scored on the test split, which nothing before read, and the report
 (execution.test_report, EvolutionRun.report) compares them there. A set that cannot carry the
 claim is searched and selected on whole, as the report states with the plan's reason.
@@ -101,6 +102,10 @@ class Loop:
         self.search_items = splits["train"] if self.held_out else self.items
         self.validation_items = splits["validation"] if self.held_out else []
         self.test_items = splits["test"] if self.held_out else []
+        # a run begun before the reflective loop held a better version as soon as it was found validates candidates
+        # at the end of their block and writes no row for a block a stop rule cut short: as it began to, since its
+        # history replays only so
+        self.best_as_found = bool(plan.get("best_as_found"))
         self.started = datetime.fromisoformat(plan["started_at"])
         self.scores: dict[int, dict] = {}  # measurements on the search items (train, else the whole set) by version
         self.validation: dict[int, dict] = {}  # measurements on the validation split by version (held out only)
@@ -408,15 +413,27 @@ class Reflective(Loop):
             if child is not None and child["version_id"] not in self.scores:
                 version = child["version_id"]
                 self.made[version] = child
-                accepted = self.try_child(version, parent, iteration, iterative)
+                try:
+                    accepted = self.try_child(version, parent, iteration, iterative)
+                except BudgetSpent as spent:
+                    reason = str(spent)
+                    break
                 block.append(version)
                 if accepted:
                     candidates = [version] if iterative else [*candidates, version]
             if iteration % c["population"] == 0 or iteration == iterations:
-                members = [v for v in block if v in self.scores] or [self.best()]
-                self.record(len(self.best_history), members, set(candidates), block_start)
+                self.record_block(block, candidates, block_start)
                 block, block_start = [], self.ctx.now()
+        if block and self.best_as_found:
+            # a stop rule ended the run inside a block: its row too, so that a row names each best the run held
+            self.record_block(block, candidates, block_start)
         return reason or f"{iterations} proposals made"
+
+    def record_block(self, block: list[int], candidates: list[int], started: datetime) -> None:
+        """A block of proposals as a generation's row: its scored proposals (the run's best when none was), the
+        frontier as its survivors."""
+        members = [v for v in block if v in self.scores] or [self.best()]
+        self.record(len(self.best_history), members, set(candidates), started)
 
     def try_child(self, child: int, parent: int, iteration: int, iterative: bool) -> bool:
         """Minibatch first (drawn from the search items); all of them only when the child beats its parent there."""
@@ -429,6 +446,7 @@ class Reflective(Loop):
         if sum(after) <= sum(before):
             return False
         self.evaluate(f"full{iteration}", [child])
+        self.note_best()  # read from the search set (no held-out claim, or no validation yet), the best changes here
         if iterative:
             from evals.stats import paired_comparison
 
@@ -440,7 +458,8 @@ class Reflective(Loop):
                 return False
         # a candidate is scored on validation as it joins the frontier (as GEPA scores each accepted candidate on
         # its validation set), so the run holds it as its best from then on, not from the end of the block
-        self.validate(f"i{iteration}", [child])
+        if self.best_as_found:
+            self.validate(f"i{iteration}", [child])
         return True
 
     def pick(self, candidates: list[int], iteration: int, *, allow_merge: bool) -> tuple[int, int | None]:

@@ -50,6 +50,9 @@ class EvolutionPlan(TypedDict):
     held_out_reason: NotRequired[str]
     split_counts: NotRequired[dict[str, int]]
     splits: NotRequired[dict[str, list[int]]]  # with a held-out claim: train, validation, test
+    # the reflective loop holds a better version as soon as it is found (evolution/durable_workflows.py); a run begun
+    # before it did has none and replays the history it wrote
+    best_as_found: NotRequired[bool]
 
 
 def evolution_plan(run: EvolutionRun) -> EvolutionPlan:
@@ -59,7 +62,7 @@ def evolution_plan(run: EvolutionRun) -> EvolutionPlan:
                  .values_list("pk", flat=True))
     return {"run_id": run.pk, "mode": run.mode, "config": run.config, "base_version_id": run.base_version_id,
             "golden_set_id": run.golden_set_id, "items": items, "goal": run.goal_text,
-            "started_at": run.started_at.isoformat(), **evolution_splits(run.golden_set_id)}
+            "started_at": run.started_at.isoformat(), **evolution_splits(run.golden_set_id), "best_as_found": True}
 
 
 class Splits(TypedDict):

@@ -399,6 +399,167 @@ def test_a_reflective_run_validates_each_candidate_as_it_joins_the_frontier(fact
     assert rollouts == sorted(rollouts) and rollouts[-1] <= run.rollouts
 
 
+def rollouts_after(run) -> dict[int, int]:
+    """The run's cumulative rollouts (fresh item invocations, as eval_scores counts them) after each of its eval
+    runs, in the order they were created."""
+    from evals.models import GoldenResult
+
+    total, after = 0, {}
+    for eval_run in eval_runs_of(run):
+        total += GoldenResult.objects.filter(eval_run=eval_run, reused_from__isnull=True,
+                                             workflow_invocation__isnull=False).count()
+        after[eval_run.pk] = total
+    return after
+
+
+@pytest.mark.parametrize("golden", ["held_out_set", "support_set"])
+def test_each_change_of_a_reflective_runs_best_is_recorded_with_the_rollouts_when_it_changed(
+        facts, support_base, evolve, request, golden):
+    """The run's best changes when the eval run that puts a version first ends: its validation eval run with a
+    held-out claim, its eval run on the whole set without one. Each change a row lists carries the run's rollouts
+    right then, not at the end of the block (a set too small to split has no validation to wait for)."""
+    golden_set = request.getfixturevalue(golden)
+    run = evolve(support_base.workflow, golden_set, mode="reflective",
+                 config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2})
+    assert run.status == "completed", run.error
+    selected = split_ids(golden_set)["validation"] if run.held_out else None
+    deciding = {r.workflow_version_id: r.pk for r in eval_runs_of(run)
+                if (set(r.config["item_ids"]) == selected if selected else "item_ids" not in r.config)}
+    after = rollouts_after(run)
+    changes = [c for g in Generation.objects.filter(evolution_run=run).order_by("number")
+               for c in g.stats["run_best_changes"]]
+    assert len(changes) >= 2 and changes[-1]["version_id"] == run.best_version_id
+    assert [c["run_rollouts"] for c in changes] == [after[deciding[c["version_id"]]] for c in changes]
+
+
+@pytest.mark.parametrize("golden", ["held_out_set", "support_set"])
+def test_a_stop_rule_inside_a_reflective_block_still_writes_its_row(facts, support_base, evolve, request, golden):
+    """The evaluation cap ends the run after its first accepted candidate, inside the first block of proposals: that
+    block gets its row too, so the run's best (the candidate, validated as it joined the frontier, or the best on
+    the whole set) is a version some row names, and the last change of the best its rows list."""
+    golden_set = request.getfixturevalue(golden)
+    run = evolve(support_base.workflow, golden_set, mode="reflective",
+                 config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2, "max_evaluations": 2})
+    assert run.status == "completed" and run.stop_reason.startswith("evaluation cap reached"), run.stop_reason
+    assert run.best_version_id != run.base_version_id
+    rows = list(Generation.objects.filter(evolution_run=run).order_by("number"))
+    assert run.generations_done == len(rows) == 2
+    assert rows[-1].stats["run_best_version_id"] == run.best_version_id
+    assert Individual.objects.filter(generation=rows[-1], workflow_version_id=run.best_version_id).exists()
+    assert [c for g in rows for c in g.stats["run_best_changes"]][-1]["version_id"] == run.best_version_id
+
+
+def test_a_budget_spent_inside_a_reflective_block_still_writes_its_row(facts, held_out_set, support_base, evolve,
+                                                                       monkeypatch):
+    """The budget runs out once the first accepted candidate is validated (the next minibatch cannot start): the
+    run stops naming the budget, and the block it stopped in has its row, which names the candidate as its best."""
+    from evolution.durable_workflows import BudgetSpent, Loop
+
+    share = Loop.budget_share
+
+    def spent_after_two_validations(self, count):
+        if len(self.validation) >= 2:  # the base and the first candidate: a function of the replayed state
+            raise BudgetSpent(self.budget_reason())
+        return share(self, count)
+
+    monkeypatch.setattr(Loop, "budget_share", spent_after_two_validations)
+    run = evolve(support_base.workflow, held_out_set, mode="reflective",
+                 config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2})
+    assert run.status == "completed" and run.stop_reason.startswith("USD budget reached"), run.stop_reason
+    assert "test split was not scored" in run.report["test_error"]
+    rows = list(Generation.objects.filter(evolution_run=run).order_by("number"))
+    assert len(rows) == 2 and run.best_version_id != run.base_version_id
+    assert rows[-1].stats["run_best_version_id"] == run.best_version_id
+    assert rows[-1].stats["run_rollouts"] == run.rollouts
+    assert [c for g in rows for c in g.stats["run_best_changes"]][-1]["version_id"] == run.best_version_id
+
+
+def test_a_reflective_run_resumed_after_crashes_records_the_changes_of_its_best_as_an_uninterrupted_one(
+        facts, held_out_set, make_version, monkeypatch):
+    """The same held-out reflective run on two copies of the workflow: one uninterrupted, one whose worker dies right
+    after a candidate's validation eval run was read (before its checkpoint) and again right after the generation 1
+    row was written. The resumed run replays to the same changes of its best, at the same rollouts, and the same
+    totals and best."""
+    from evals.models import EvalRun
+
+    config = {"population": 3, "generations": 2, "seed": 1, "minibatch": 2}
+    validation = split_ids(held_out_set)["validation"]
+
+    def rows(run, base):
+        hashes = dict(WorkflowVersion.objects.filter(workflow=base.workflow).values_list("pk", "dsl_hash"))
+        return [(g.number, hashes[g.stats["run_best_version_id"]], g.stats["run_rollouts"],
+                 [(hashes[c["version_id"]], c["run_rollouts"]) for c in g.stats["run_best_changes"]])
+                for g in Generation.objects.filter(evolution_run=run).order_by("number")]
+
+    clean_base = make_version(BASE_DSL, name="clean")
+    clean = drive_through_crashes(evolution_start(workflow=clean_base.workflow, golden_set=held_out_set,
+                                                  mode="reflective", config=config), crashes=0)
+    assert clean.status == "completed", clean.error
+
+    def a_candidates_validation(args):
+        eval_runs = EvalRun.objects.filter(pk__in=[pk for pk in args[0].values() if isinstance(pk, int)])
+        return any(set(r.config.get("item_ids") or []) == validation and r.workflow_version.parent1_id
+                   for r in eval_runs)
+
+    deaths = [die_after(monkeypatch, "eval_scores", when=a_candidates_validation),
+              die_after(monkeypatch, "record_generation", when=lambda args: args[1] == 1)]
+    crashed_base = make_version(BASE_DSL, name="crashed")
+    crashed = drive_through_crashes(evolution_start(workflow=crashed_base.workflow, golden_set=held_out_set,
+                                                    mode="reflective", config=config), crashes=2)
+    assert all(deaths) and crashed.status == "completed", crashed.error
+    assert rows(crashed, crashed_base) == rows(clean, clean_base)
+    assert (crashed.rollouts, crashed.evaluations, crashed.stop_reason) == \
+        (clean.rollouts, clean.evaluations, clean.stop_reason)
+    assert WorkflowVersion.objects.get(pk=crashed.best_version_id).dsl_hash == \
+        WorkflowVersion.objects.get(pk=clean.best_version_id).dsl_hash
+
+
+def try_child_as_begun_before_validation_on_acceptance(self, child, parent, iteration, iterative):
+    """Reflective.try_child as the loop had it before a candidate was validated as it joined the frontier."""
+    rng = execution.generator(self.config["seed"], "minibatch", iteration)
+    items = sorted(rng.sample(self.search_items, min(self.config["minibatch"], len(self.search_items))))
+    quick = self.evaluate(f"mb{iteration}", [child], items=items).get(child, {})
+    parent_scores = self.scores[parent]["scores"]
+    before = [parent_scores.get(str(item)) or 0.0 for item in items]
+    after = [(quick.get("scores") or {}).get(str(item)) or 0.0 for item in items]
+    if sum(after) <= sum(before):
+        return False
+    self.evaluate(f"full{iteration}", [child])
+    return not iterative
+
+
+def test_a_reflective_run_begun_before_validation_on_acceptance_replays_as_it_began(facts, held_out_set,
+                                                                                    support_base, monkeypatch):
+    """A run the earlier loop began (its plan has no "best_as_found") and whose worker died after writing the
+    generation 1 row is picked up by the present loop: it replays the history as it was written and goes on the way
+    it began (candidates validated at the end of their block), instead of failing on a checkpoint it does not
+    expect."""
+    from durable import owners
+    from evolution.durable_workflows import Reflective
+
+    owner = next(o for o in owners.registered() if o.model is EvolutionRun)
+    plan = owner.plan
+    monkeypatch.setattr(owner, "plan", lambda run: {k: v for k, v in plan(run).items() if k != "best_as_found"})
+    monkeypatch.setattr(Reflective, "try_child", try_child_as_begun_before_validation_on_acceptance)
+    deaths = die_after(monkeypatch, "record_generation", when=lambda args: args[1] == 1)
+    run = evolution_start(workflow=support_base.workflow, golden_set=held_out_set, mode="reflective",
+                          config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2})
+    with pytest.raises(WorkerDied):
+        run_until_settled(run.durable_run_id, max_wait=300)
+    assert deaths
+    monkeypatch.undo()  # the present loop takes the run over
+    past = timezone.now() - timedelta(hours=1)
+    DurableRun.objects.filter(status="running").update(locked_until=past)
+    assert tick.recover_expired_leases() >= 1
+    durable = run_until_settled(run.durable_run_id, max_wait=300)
+    run.refresh_from_db()
+    assert durable.status == "completed" and run.status == "completed", durable.error
+    names = set(StepCheckpoint.objects.filter(run_id=run.durable_run_id).values_list("name", flat=True))
+    assert "scores:full1" in names and not {n for n in names if n.startswith("evals:val:i")}
+    assert Generation.objects.filter(evolution_run=run).order_by("number").last().stats["run_best_version_id"] \
+        == run.best_version_id
+
+
 def test_the_run_best_is_the_validation_best_not_the_train_best(facts, diverging_set, support_base, evolve):
     from evals.models import EvalRun
 
