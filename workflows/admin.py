@@ -795,17 +795,6 @@ def message_view(message: Message) -> dict:
     }
 
 
-def when_text(value) -> str:
-    """A stored ISO timestamp in the admin's time zone, as the admin writes dates ("Y-m-d H:i:s"); anything
-    else as it is."""
-    moment = parse_datetime(value) if isinstance(value, str) else None
-    if moment is None:
-        return "" if value is None else str(value)
-    if timezone.is_naive(moment):
-        moment = timezone.make_aware(moment, timezone.get_default_timezone())
-    return date_format(timezone.localtime(moment), "Y-m-d H:i:s")
-
-
 NODE_OPEN = (NodeInvocation.Status.RUNNING, NodeInvocation.Status.WAITING)  # its totals are not written yet
 
 
@@ -819,8 +808,8 @@ def node_view(node: NodeInvocation, node_messages: list[dict], can_act: bool, ca
                  "usd_cost": usd(node.usd_cost), "llm_calls": node.llm_calls, "cache_hits": node.cache_hits}
     approval = node.approval if isinstance(node.approval, dict) else None
     sent = approval.get("sent") if approval and isinstance(approval.get("sent"), dict) else None
-    if sent is not None:
-        sent = {**sent, "at": when_text(sent.get("at"))}
+    if sent is not None:  # its moment is stored as ISO text: a datetime for the template to write
+        sent = {**sent, "at": parse_datetime(sent["at"]) if isinstance(sent.get("at"), str) else None}
     decided = approval if approval and not approval.get("pending") and approval.get("decision") else None
     return {
         "seq": node.seq, "node_id": node.node_id, "status": "throttled" if node.throttled else node.status,
