@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
+import jsonschema
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from config import user_regex
 from config.errors import Conflict, Invalid
 from workflows import dsl as dsl_module
 from workflows import selectors
@@ -177,10 +179,6 @@ class InputCheck(NamedTuple):
 
 def input_check(schema, value) -> InputCheck:
     """`value` checked against the input schema `schema` (JSON Schema), its patterns time-limited."""
-    import jsonschema
-
-    from config import user_regex
-
     if not isinstance(schema, dict) or not schema:
         return InputCheck([])
     try:
@@ -200,8 +198,9 @@ def input_check(schema, value) -> InputCheck:
 def invocation_start(*, version: WorkflowVersion, input=None, user=None, node_budget: int | None = None,
                      usd_budget=None):
     """Start an invocation of `version` on `input` as a durable run; returns the WorkflowInvocation
-    (queued; the worker takes it from there). A version with missing tools or models is refused
-    with InvocationRefused before anything is written or paid."""
+    (queued; the worker takes it from there). A version with missing tools or models, an input its
+    inputSchema refuses, or a bad budget is refused with InvocationRefused (each on its field) before anything
+    is written or paid."""
     from decimal import Decimal, InvalidOperation
 
     from durable.services import run_start
@@ -229,6 +228,10 @@ def invocation_start(*, version: WorkflowVersion, input=None, user=None, node_bu
         json.dumps(input)
     except (TypeError, ValueError):
         errors["input"] = ["must be JSON"]
+    else:
+        check = input_check(version.input_schema, input)
+        if not check.ok:
+            errors["input"] = check.messages()
     if errors:
         raise InvocationRefused(errors)
     workspace = version.workflow.workspace

@@ -290,9 +290,6 @@ class WorkflowVersionViewSet(WorkspaceScopedReadOnlyViewSet):
         serializer = InvokeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        check = services.input_check(version.input_schema, data["input"])
-        if not check.ok:
-            raise exceptions.ValidationError({"input": check.messages()})
         invocation = services.invocation_start(version=version, input=data["input"], user=request.user,
                                                node_budget=data.get("node_budget"), usd_budget=data.get("usd_budget"))
         invocation = invocation_queryset(detail=True).get(pk=invocation.pk)
