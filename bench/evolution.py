@@ -29,7 +29,8 @@ item are reused within a workflow, and every workspace has its own workflows.
    headline when both runs carry the claim) each version the run held as its best is scored on the test
    split after the run, and the rollouts counted are the run's when it first held one as good as GP's
    best there (Generation.stats["run_best_changes"]: GP changes its best at the end of a generation,
-   after validating it; the reflective mode as an accepted candidate is validated).
+   after validating it; the reflective mode as an accepted candidate is validated), even if a later
+   best of the run scores lower on test.
 3. Genealogy: two lineages of depth `--depth` (1,000), each version the child of the previous
    (workflows.services.workflow_version_create with parents=): one linear, one with 10 crossovers
    (every 100 versions) that each merge back a 9-version side branch started 20 versions earlier, so
@@ -269,7 +270,7 @@ def score_run_bests_on_test(result: dict, golden_set) -> None:
 
     test_ids = split_items(golden_set)["test"] if result["held_out"] else []
     fitness: dict[int, float | None] = {}
-    for version_id in _run_bests(result):
+    for version_id in dict.fromkeys(change["version_id"] for change in _best_changes(result)):
         if test_ids and version_id not in fitness:
             eval_run = eval_run_prepare(golden_set=golden_set, version=WorkflowVersion.objects.get(pk=version_id),
                                         item_ids=test_ids)
@@ -287,20 +288,15 @@ def score_run_bests_on_test(result: dict, golden_set) -> None:
             change["test"] = fitness.get(change["version_id"])
 
 
-def _run_bests(result: dict) -> list[int]:
-    """Every version the run held as its best, in order: each change of its best, then each generation's."""
-    versions = [change["version_id"] for g in result["generations"] for change in g["run_best_changes"]]
-    versions += [g["run_best_version_id"] for g in result["generations"] if g["run_best_version_id"] is not None]
-    return list(dict.fromkeys(versions))
+def _best_changes(result: dict) -> list[dict]:
+    """Each change of the run's best in order (every generation's run best is the last change up to its row)."""
+    return [change for g in result["generations"] for change in g["run_best_changes"]]
 
 
 def _reach_on_test(result: dict, wanted: float) -> int | None:
-    """The run's cumulative rollouts when it first held a best scoring `wanted` on test: at the change of its best
-    (Generation.stats["run_best_changes"]), else, for a run that recorded none, at the end of the generation."""
-    changes = [change for g in result["generations"] for change in g["run_best_changes"]]
-    if not changes:
-        changes = [{"run_rollouts": g["run_rollouts"], "test": g.get("run_best_test")} for g in result["generations"]]
-    return next((c["run_rollouts"] for c in changes
+    """The run's cumulative rollouts when it first held a best scoring `wanted` on test (at the change of its best,
+    Generation.stats["run_best_changes"]), even if a later best scores lower there."""
+    return next((c["run_rollouts"] for c in _best_changes(result)
                  if c.get("test") is not None and c["test"] >= wanted - TEST_TOLERANCE), None)
 
 
