@@ -100,6 +100,11 @@ def test_run_refuses_bad_input_and_a_version_that_cannot_run(workspace):
         run("run", str(version.pk), "--input", "{nope")
     with pytest.raises(CommandError, match=r"tools: a\.tavily"):
         run("run", str(version.pk))
+    typed = workflow_create(workspace=workspace, name="typed")
+    schema = {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}}
+    typed_version, _ = workflow_version_create(workflow=typed, dsl={**graph("a", node("a")), "inputSchema": schema})
+    with pytest.raises(CommandError, match=r"input: \(the input\): 'text' is a required property"):
+        run("run", str(typed_version.pk), "--input", json.dumps({"question": "?"}))
     with pytest.raises(CommandError, match="node budget exceeded"):
         cyclic, _ = workflow_version_create(workflow=workflow, dsl=graph(
             "a", node("a", handoffs=["b"]), node("b", handoffs=["a"])))
