@@ -435,22 +435,26 @@ class Reflective(Loop):
         members = [v for v in block if v in self.scores] or [self.best()]
         self.record(len(self.best_history), members, set(candidates), started)
 
-    def try_child(self, child: int, parent: int, iteration: int, iterative: bool) -> bool:
-        """Minibatch first (drawn from the search items); all of them only when the child beats its parent there."""
+    def beats_parent_on_minibatch(self, child: int, parent: int, iteration: int) -> bool:
+        """The child scored on a minibatch drawn from the search items; whether it scores more than its parent there."""
         rng = execution.generator(self.config["seed"], "minibatch", iteration)
         items = sorted(rng.sample(self.search_items, min(self.config["minibatch"], len(self.search_items))))
         quick = self.evaluate(f"mb{iteration}", [child], items=items).get(child, {})
         parent_scores = self.scores[parent]["scores"]
         before = [parent_scores.get(str(item)) or 0.0 for item in items]
         after = [(quick.get("scores") or {}).get(str(item)) or 0.0 for item in items]
-        if sum(after) <= sum(before):
+        return sum(after) > sum(before)
+
+    def try_child(self, child: int, parent: int, iteration: int, iterative: bool) -> bool:
+        """Minibatch first; all the search items only when the child beats its parent there."""
+        if not self.beats_parent_on_minibatch(child, parent, iteration):
             return False
         self.evaluate(f"full{iteration}", [child])
         self.note_best()  # read from the search set (no held-out claim, or no validation yet), the best changes here
         if iterative:
             from evals.stats import paired_comparison
 
-            mine, theirs = self.scores[child]["scores"], parent_scores
+            mine, theirs = self.scores[child]["scores"], self.scores[parent]["scores"]
             paired = [item for item in map(str, self.search_items)
                       if mine.get(item) is not None and theirs.get(item) is not None]
             # kept only when significantly better (with fewer than 6 items Wilcoxon never is at alpha 0.05)

@@ -516,13 +516,7 @@ def test_a_reflective_run_resumed_after_crashes_records_the_changes_of_its_best_
 
 def try_child_as_begun_before_validation_on_acceptance(self, child, parent, iteration, iterative):
     """Reflective.try_child as the loop had it before a candidate was validated as it joined the frontier."""
-    rng = execution.generator(self.config["seed"], "minibatch", iteration)
-    items = sorted(rng.sample(self.search_items, min(self.config["minibatch"], len(self.search_items))))
-    quick = self.evaluate(f"mb{iteration}", [child], items=items).get(child, {})
-    parent_scores = self.scores[parent]["scores"]
-    before = [parent_scores.get(str(item)) or 0.0 for item in items]
-    after = [(quick.get("scores") or {}).get(str(item)) or 0.0 for item in items]
-    if sum(after) <= sum(before):
+    if not self.beats_parent_on_minibatch(child, parent, iteration):
         return False
     self.evaluate(f"full{iteration}", [child])
     return not iterative
