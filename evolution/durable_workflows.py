@@ -12,7 +12,7 @@
   that leads on other items; the offspring is scored on a minibatch of items first and on the full
   set only when it beats its parent there.
 - ``iterative``: reflective with a frontier of one: an offspring replaces its parent only when the
-  paired test on the full set says it is significantly better.
+  paired test on the full set says it is significantly better (and only such an offspring may become the run's best).
 
 Held-out items (evals/splits.py): when the golden set can carry a held-out claim
 (evals.selectors.split_plan), the search scores individuals on the train split only ("the full
@@ -106,6 +106,8 @@ class Loop:
         # at the end of their block and writes no row for a block a stop rule cut short: as it began to, since its
         # history replays only so
         self.best_as_found = bool(plan.get("best_as_found"))
+        # a run begun before an iterative loop kept a refused child out of the best replays holding it as it did
+        self.best_from_accepted = bool(plan.get("best_from_accepted"))
         self.started = datetime.fromisoformat(plan["started_at"])
         self.scores: dict[int, dict] = {}  # measurements on the search items (train, else the whole set) by version
         self.validation: dict[int, dict] = {}  # measurements on the validation split by version (held out only)
@@ -212,12 +214,18 @@ class Loop:
             return unsplit
         return "validation" if self.validation else "train"
 
+    def eligible(self, versions) -> list[int]:
+        """Of `versions`, those that may be the run's best: every scored one, unless the mode refuses some (a child
+        the iterative mode's paired test kept out)."""
+        return list(versions)
+
     def best(self) -> int:
         """The run's best: the best validation fitness with a held-out claim (the search fitness breaking ties),
-        else the best search fitness."""
+        else the best search fitness; of the eligible versions."""
         if self.held_out and self.validation:
-            return min(self.validation, key=lambda v: (-self.validation[v]["fitness"], -self.fitness(v), v))
-        return self.rank(self.scores)[0]
+            validated = self.eligible(self.validation) or list(self.validation)
+            return min(validated, key=lambda v: (-self.validation[v]["fitness"], -self.fitness(v), v))
+        return self.rank(self.eligible(self.scores) or self.scores)[0]
 
     # -- control
 
@@ -260,7 +268,8 @@ class Loop:
         """The generation's row; first, with a held-out claim, its candidates for the run's best (the base in
         generation 0, and the generation's top VALIDATED_PER_GENERATION by search fitness) scored on validation."""
         scored = [v for v in members if v in self.scores]
-        self.validate(f"g{number}", ([self.base] if number == 0 else []) + self.rank(scored)[:VALIDATED_PER_GENERATION])
+        self.validate(f"g{number}", ([self.base] if number == 0 else [])
+                      + self.rank(self.eligible(scored))[:VALIDATED_PER_GENERATION])
         fitnesses = [self.fitness(v) for v in scored]
         self.note_best()
         best = self.best()
@@ -387,6 +396,15 @@ class GeneticProgramming(Loop):
 
 
 class Reflective(Loop):
+    def __init__(self, ctx: Context, plan: execution.EvolutionPlan):
+        super().__init__(ctx, plan)
+        self.accepted: set[int] = {self.base}  # the base and each child that joined the frontier
+
+    def eligible(self, versions) -> list[int]:
+        if not self.best_from_accepted:
+            return list(versions)
+        return [v for v in versions if v in self.accepted]
+
     def loop(self) -> str:
         c = self.config
         iterative = self.plan["mode"] == "iterative"
@@ -450,21 +468,27 @@ class Reflective(Loop):
         if not self.beats_parent_on_minibatch(child, parent, iteration):
             return False
         self.evaluate(f"full{iteration}", [child])
+        refused = iterative and not self.significantly_better(child, parent)
+        if not refused:
+            self.accepted.add(child)
         self.note_best()  # read from the search set (no held-out claim, or no validation yet), the best changes here
-        if iterative:
-            from evals.stats import paired_comparison
-
-            mine, theirs = self.scores[child]["scores"], self.scores[parent]["scores"]
-            paired = [item for item in map(str, self.search_items)
-                      if mine.get(item) is not None and theirs.get(item) is not None]
-            # kept only when significantly better (with fewer than 6 items Wilcoxon never is at alpha 0.05)
-            if paired_comparison([theirs[i] for i in paired], [mine[i] for i in paired]).verdict != "better":
-                return False
+        if refused:
+            return False
         # a candidate is scored on validation as it joins the frontier (as GEPA scores each accepted candidate on
         # its validation set), so the run holds it as its best from then on, not from the end of the block
         if self.best_as_found:
             self.validate(f"i{iteration}", [child])
         return True
+
+    def significantly_better(self, child: int, parent: int) -> bool:
+        """The iterative mode's test: the paired comparison of child and parent on the search items says "better"
+        (with fewer than 6 items Wilcoxon never does at alpha 0.05)."""
+        from evals.stats import paired_comparison
+
+        mine, theirs = self.scores[child]["scores"], self.scores[parent]["scores"]
+        paired = [item for item in map(str, self.search_items)
+                  if mine.get(item) is not None and theirs.get(item) is not None]
+        return paired_comparison([theirs[i] for i in paired], [mine[i] for i in paired]).verdict == "better"
 
     def pick(self, candidates: list[int], iteration: int, *, allow_merge: bool) -> tuple[int, int | None]:
         """A parent from the Pareto frontier, weighted by the items it leads on; sometimes a second

@@ -53,6 +53,9 @@ class EvolutionPlan(TypedDict):
     # the reflective loop holds a better version as soon as it is found (evolution/durable_workflows.py); a run begun
     # before it did has none and replays the history it wrote
     best_as_found: NotRequired[bool]
+    # the run's best is the base or a child that joined the frontier (an iterative child the paired test refused is
+    # not); a run begun before has none and replays as it began
+    best_from_accepted: NotRequired[bool]
 
 
 def evolution_plan(run: EvolutionRun) -> EvolutionPlan:
@@ -62,7 +65,8 @@ def evolution_plan(run: EvolutionRun) -> EvolutionPlan:
                  .values_list("pk", flat=True))
     return {"run_id": run.pk, "mode": run.mode, "config": run.config, "base_version_id": run.base_version_id,
             "golden_set_id": run.golden_set_id, "items": items, "goal": run.goal_text,
-            "started_at": run.started_at.isoformat(), **evolution_splits(run.golden_set_id), "best_as_found": True}
+            "started_at": run.started_at.isoformat(), **evolution_splits(run.golden_set_id), "best_as_found": True,
+            "best_from_accepted": True}
 
 
 class Splits(TypedDict):

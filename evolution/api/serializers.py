@@ -252,11 +252,21 @@ GENERATION_STATS_SCHEMA = {
     "properties": {
         **{name: {"type": "number", "nullable": True} for name in ("best", "avg", "worst", "stddev", "improvement",
                                                                    "run_best_fitness", "base_fitness",
+                                                                   "run_best_validation_fitness",
+                                                                   "base_validation_fitness",
                                                                    "evaluations_per_hour")},
         **{name: {"type": "integer", "nullable": True} for name in ("best_version_id", "members",
                                                                     "run_best_version_id", "run_evaluations",
                                                                     "run_rollouts", "run_cache_hits")},
         "run_usd": {"type": "string", "nullable": True, "description": "USD paid by the run so far (decimal)."},
+        "selected_on": {"type": "string", "description": (
+            "What the run's best was chosen on: validation, train (the budget ended before any validation), or the "
+            "search set (no held-out claim).")},
+        "run_best_changes": {
+            "type": "array", "description": "Each change of the run's best since the previous generation's row, with "
+                                            "the run's rollouts when it changed.",
+            "items": {"type": "object", "properties": {"version_id": {"type": "integer"},
+                                                       "run_rollouts": {"type": "integer"}}}},
     },
 }
 

@@ -533,7 +533,8 @@ def test_a_reflective_run_begun_before_validation_on_acceptance_replays_as_it_be
 
     owner = next(o for o in owners.registered() if o.model is EvolutionRun)
     plan = owner.plan
-    monkeypatch.setattr(owner, "plan", lambda run: {k: v for k, v in plan(run).items() if k != "best_as_found"})
+    later = {"best_as_found", "best_from_accepted"}  # the earlier loop's plans had neither
+    monkeypatch.setattr(owner, "plan", lambda run: {k: v for k, v in plan(run).items() if k not in later})
     monkeypatch.setattr(Reflective, "try_child", try_child_as_begun_before_validation_on_acceptance)
     deaths = die_after(monkeypatch, "record_generation", when=lambda args: args[1] == 1)
     run = evolution_start(workflow=support_base.workflow, golden_set=held_out_set, mode="reflective",
@@ -784,3 +785,48 @@ def test_a_reflect_step_run_again_reuses_its_rewriters_answer_and_asks_nothing_p
     assert Decimal(again["usd"]) == Decimal(first["usd"]) == CALL_USD
     spent = execution.reflect(run.pk, 10, parent, None, [support_base.pk], "10")  # the run's whole $10 budget
     assert spent == {"child": None, "usd": "0"} and len(openai_server.chat_payloads) == 1
+
+
+@pytest.mark.parametrize("golden", ["held_out_set", "support_set"])
+def test_an_iterative_run_never_holds_as_its_best_a_child_the_paired_test_kept_out(facts, support_base, evolve,
+                                                                                   monkeypatch, request, golden):
+    """In iterative mode a child replaces its parent only when the paired test says it is significantly better. A
+    child scored on the whole search set and refused there is no candidate for the run's best either: neither the
+    validation of a block's row nor the search fitness may make it the best."""
+    import evals.stats
+
+    refused = []
+
+    def not_better(before, after, **kwargs):
+        refused.append(len(after))
+        return evals.stats.Comparison(len(after), None, None, None, None, None, 1.0, 0.05, "wilcoxon",
+                                     "no significant difference")
+
+    monkeypatch.setattr(evals.stats, "paired_comparison", not_better)
+    run = evolve(support_base.workflow, request.getfixturevalue(golden), mode="iterative",
+                 config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2})
+    assert run.status == "completed", run.error
+    assert refused, "no child beat its parent on a minibatch: the test shows nothing"
+    assert run.best_version_id == run.base_version_id
+    rows = Generation.objects.filter(evolution_run=run).order_by("number")
+    assert {g.stats["run_best_version_id"] for g in rows} == {run.base_version_id}
+
+
+def test_an_iterative_run_begun_before_refused_children_were_kept_out_replays_as_it_began(
+        facts, held_out_set, support_base, monkeypatch):
+    """A run whose plan has no "best_from_accepted" holds its best as the earlier loop did (a refused child's
+    validation counts), so its history replays unchanged."""
+    import evals.stats
+    from durable import owners
+
+    owner = next(o for o in owners.registered() if o.model is EvolutionRun)
+    plan = owner.plan
+    monkeypatch.setattr(owner, "plan", lambda run: {k: v for k, v in plan(run).items() if k != "best_from_accepted"})
+    monkeypatch.setattr(evals.stats, "paired_comparison", lambda before, after, **kwargs: evals.stats.Comparison(
+        len(after), None, None, None, None, None, 1.0, 0.05, "wilcoxon", "no significant difference"))
+    run = evolution_start(workflow=support_base.workflow, golden_set=held_out_set, mode="iterative",
+                          config={"population": 3, "generations": 2, "seed": 1, "minibatch": 2})
+    run_until_settled(run.durable_run_id, max_wait=300)
+    run.refresh_from_db()
+    assert run.status == "completed", run.error
+    assert run.best_version_id != run.base_version_id
