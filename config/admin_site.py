@@ -8,7 +8,11 @@ apps lands on it. Only the index and the navigation sidebar see the groups: an a
 
 from __future__ import annotations
 
+import functools
+
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.http import HttpResponseBadRequest
 
 # (group name, the app labels it gathers, its models in the order an operator reaches for them); a model
 # not named here follows the named ones alphabetically, an app not named here comes after every group
@@ -50,11 +54,40 @@ def grouped_app_list(app_dict: dict) -> list[dict]:
     return groups + rest
 
 
+NUL = "\x00"
+
+
+def nul_parameter(request, kwargs: dict) -> str | None:
+    """The name of the first query parameter (or URL part) holding a NUL character, else None: Postgres can
+    neither store nor compare one, so a filter, a search or an object id carrying it is bad input."""
+    for name, values in request.GET.lists():
+        if NUL in name or any(NUL in value for value in values):
+            return name.replace(NUL, "") or "query"
+    for name, value in kwargs.items():
+        if NUL in str(value) or NUL in unquote(str(value)):  # an object id as the admin quotes it ("_00")
+            return name
+    return None
+
+
 class LineageAdminSite(admin.AdminSite):
     site_header = "Lineage"
     site_title = "Lineage"
     index_title = "Operator console"
     index_template = "admin/index.html"
+
+    def admin_view(self, view, cacheable=False):
+        """Every admin page (Django's and ours go through here) refuses a NUL character in its query string or
+        its URL with a 400 naming the parameter, before any changelist filter, search or lookup reads it."""
+        inner = super().admin_view(view, cacheable)
+
+        def refuse_nul(request, *args, **kwargs):
+            name = nul_parameter(request, kwargs)
+            if name is not None:
+                return HttpResponseBadRequest(f"{name}: Null characters (NUL) are not allowed.",
+                                              content_type="text/plain; charset=utf-8")
+            return inner(request, *args, **kwargs)
+
+        return functools.update_wrapper(refuse_nul, inner)
 
     def _build_app_dict(self, request, label=None):
         app_dict = super()._build_app_dict(request, label)

@@ -212,3 +212,13 @@ def test_the_api_root_lists_every_resource_of_every_app(api_as, owner):
     assert {"/api/workspaces/", "/api/durable/events/", "/api/knowledge/search/", "/api/mcp/servers/",
             "/api/mcp/tools/", "/api/mcp/configs/", "/api/evolution-runs/"} <= paths
     assert api_as(owner).get("/api/", {"format": "api"}).status_code == 200
+
+
+@pytest.mark.parametrize("query", ["search=a%00b", "role=%00", "cursor=%00", "name%00=x"])
+def test_a_nul_character_in_the_query_string_is_a_400_naming_the_parameter(api_as, member, query):
+    """Postgres cannot hold or compare a NUL character: a query string carrying one is refused before any
+    view runs, naming the parameter, never a 500."""
+    response = api_as(member).get(f"/api/memberships/?{query}")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert "Null characters" in error["message"] and error["fields"]
