@@ -161,9 +161,13 @@ def load_provider_libraries() -> None:
     would delay every call of a threads pool's cold start. Nothing to load when every call is offline."""
     if settings.LLM_PROVIDER == OFFLINE_PROVIDER and not settings.LLM_PROVIDERS:
         return
-    import genai_prices  # noqa: F401
+    from genai_prices.data_snapshot import get_snapshot
 
-    import llm.openai_chat  # noqa: F401 (imports openai)
+    from llm.openai_chat import OpenAIChatProvider  # imports openai
+
+    # a client built and closed (no request made) imports the HTTP transport a client imports as it is first built
+    OpenAIChatProvider(name="warm-up", api_key="warm-up").client.close()
+    get_snapshot()  # the price database's bundled data, read once (the first price looked up reads it)
 
 
 def get_chat_provider(resolved: ResolvedModel) -> ChatProvider:
