@@ -4,6 +4,9 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+# the most items one eval run may keep in flight (EVAL_CONCURRENCY, a run's `concurrency`, an evolution's)
+MAX_CONCURRENCY = 1024
+
 
 @dataclass(frozen=True)
 class EvalSettings:

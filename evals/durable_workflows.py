@@ -7,8 +7,8 @@ run then, never cutting the other lanes' items short). A lane takes its items on
 the item's invocation (a child run of ``workflows.invoke``), then its grading in a step, every call
 of its judge in a step of its own (so grading redone after a crash never pays the judge twice). So
 `concurrency` items are in flight at any time, no lane waits for another's slowest item, and no run
-replays a history longer than its own share of the items (a 1,000-item eval run at concurrency 64
-is 64 lanes of about 16 items, not one history of thousands of checkpoints). A crashed or retried
+replays a history longer than its own share of the items (a 1,000-item eval run at concurrency 128
+is 128 lanes of about 8 items, not one history of thousands of checkpoints). A crashed or retried
 eval run resumes where it stopped: finished invocations and graded items are never redone.
 A run given a budget of its own (`run_usd_budget`: an evolution passes down what it has left)
 starts no item once its invocations and judge have spent it (each lane checks before each item),

@@ -11,7 +11,7 @@ from django.db.models import Max
 
 from config.errors import Conflict, Invalid
 from evals import splits
-from evals.conf import eval_settings
+from evals.conf import MAX_CONCURRENCY, eval_settings
 from evals.models import EvalRun, GoldenItem, GoldenSet, Promotion, item_content_hash
 from evals.stats import Comparison, paired_comparison
 from workflows.models import Workflow, WorkflowVersion
@@ -179,8 +179,8 @@ def eval_run_prepare(*, golden_set: GoldenSet, version: WorkflowVersion, user=No
         errors.update({f"golden_set.{key}": value for key, value in exc.errors.items()})
         graders = []
     if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
-                                    or not 1 <= concurrency <= 64):
-        errors["concurrency"] = ["must be a whole number from 1 to 64"]
+                                    or not 1 <= concurrency <= MAX_CONCURRENCY):
+        errors["concurrency"] = [f"must be a whole number from 1 to {MAX_CONCURRENCY}"]
     if not errors:
         errors.update(version_problems(version))
     if errors:

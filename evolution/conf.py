@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from evals.conf import MAX_CONCURRENCY
+
 DEFAULTS = {
     "population": 8,
     "generations": 5,
@@ -19,7 +21,7 @@ DEFAULTS = {
     "time_limit_seconds": 3600,
     "convergence_generations": 5,
     "convergence_epsilon": 0.001,
-    "concurrency": 8,  # items of one eval run in flight at once (x population: about LLM_MAX_IN_FLIGHT)
+    "concurrency": 16,  # items of one eval run in flight at once (x population 8: twice LLM_MAX_IN_FLIGHT)
     "minibatch": 3,  # reflective mode: items a candidate is first scored on
     "mutation_weights": None,  # None: evolution/operators.py MUTATION_WEIGHTS (docs/operators.md)
 }
@@ -39,7 +41,7 @@ LIMITS = {  # name: (type, minimum, maximum)
     "time_limit_seconds": (int, 1, 7 * 86400),
     "convergence_generations": (int, 1, 100),
     "convergence_epsilon": (float, 0.0, 100.0),
-    "concurrency": (int, 1, 64),
+    "concurrency": (int, 1, MAX_CONCURRENCY),
     "minibatch": (int, 1, 1000),
 }
 

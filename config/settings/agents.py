@@ -14,7 +14,10 @@ WORKFLOW_MAX_TOOL_CALLS = env_int("WORKFLOW_MAX_TOOL_CALLS", 16, minimum=1, maxi
 # private networks a registered MCP server may be reached on, e.g. "10.20.0.0/16"; empty: public addresses only
 MCP_ALLOWED_NETWORKS = env_list("MCP_ALLOWED_NETWORKS", [])
 
-EVAL_CONCURRENCY = env_int("EVAL_CONCURRENCY", 64, minimum=1, maximum=64)
+# items of one eval run in flight (its lanes): twice LLM_MAX_IN_FLIGHT's default, since an item spends part of its
+# life between calls (its turns, its grading), and the calls in flight are bounded by the llm worker and the
+# provider's limits, not by the lanes (evals.conf.MAX_CONCURRENCY at most)
+EVAL_CONCURRENCY = env_int("EVAL_CONCURRENCY", 128, minimum=1, maximum=1024)
 # the LLM judge's model, and the model the evals' rewriter asks for a better prompt ("": the node's own model)
 EVAL_JUDGE_MODEL = env_str("EVAL_JUDGE_MODEL", LLM_DEFAULT_MODEL)
 EVAL_REWRITER_MODEL = env_str("EVAL_REWRITER_MODEL", "")

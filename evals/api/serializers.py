@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from evals import importing
+from evals.conf import MAX_CONCURRENCY
 from evals.graders import GRADER_KINDS, GraderConfigError, validate_graders
 from evals.models import EvalRun, GoldenItem, GoldenResult, GoldenSet, Promotion, default_graders
 from evals.selectors import split_plan
@@ -295,7 +296,7 @@ class EvalRunStartSerializer(serializers.Serializer):
     workflow_version = version_field(help_text="The version to score (of the golden set's workspace).")
     reuse = serializers.BooleanField(default=True, help_text="Reuse earlier results of the same version, item "
                                                              "contents and graders (false: run every item again).")
-    concurrency = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=64,
+    concurrency = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_CONCURRENCY,
                                            help_text="Items invoked at once (default: EVAL_CONCURRENCY).")
     node_budget = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=1000,
                                            help_text="Node invocations each item may run (default: "

@@ -647,7 +647,7 @@ def test_starting_an_eval_run_answers_202_and_a_refused_start_400(api_as, owner,
 
 
 @pytest.mark.parametrize(("payload", "field"), [
-    ({"concurrency": 0}, "concurrency"), ({"concurrency": 65}, "concurrency"), ({"concurrency": "x"}, "concurrency"),
+    ({"concurrency": 0}, "concurrency"), ({"concurrency": 1025}, "concurrency"), ({"concurrency": "x"}, "concurrency"),
     ({"concurrency": 10**30}, "concurrency"), ({"reuse": "maybe"}, "reuse"), ({"node_budget": 0}, "node_budget"),
     ({"usd_budget": "NaN"}, "usd_budget"), ({"usd_budget": -1}, "usd_budget"), ({"golden_set": None}, "golden_set"),
     ({"workflow_version": "abc"}, "workflow_version"), ({"workflow_version": [1]}, "workflow_version"),

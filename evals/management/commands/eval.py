@@ -10,6 +10,7 @@ from kombu.exceptions import KombuError
 
 from config import display
 from durable.management.commands.durable import table
+from evals.conf import MAX_CONCURRENCY
 from evals.models import EvalRun, GoldenResult
 from evals.selectors import golden_set_lookup, score_histogram
 from evals.services import EvalError, eval_run_start
@@ -108,7 +109,7 @@ class Command(BaseCommand):
         parser.add_argument("--workspace", metavar="SLUG", help="The workspace, when several sets share the name.")
         parser.add_argument("--no-reuse", action="store_true", help="Run every item again (no earlier results).")
         parser.add_argument("--concurrency", type=int, default=None,
-                            help="Items in flight at once, 1-64 (default EVAL_CONCURRENCY).")
+                            help=f"Items in flight at once, 1-{MAX_CONCURRENCY} (default EVAL_CONCURRENCY).")
         parser.add_argument("--workers", action="store_true",
                             help="Leave the run to the Celery workers and follow it (default: to the workers when "
                                  "they serve its queues, as make run's do, else run it here).")
