@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import json
 import math
@@ -155,6 +156,20 @@ def window_share(starts: list[float], per_minute: int) -> float:
         return 0.0
     span = max(starts) - min(starts)
     return len(starts) / (per_minute * (math.floor(span / 60) + 1))
+
+
+def in_flight_profile(starts: list[float], latency: float, step: float = 0.5) -> list[int]:
+    """Calls in flight at the middle of each `step` seconds from the first start (a call is in flight for
+    `latency` from its start): where the run kept the provider busy and where it left it waiting."""
+    if not starts:
+        return []
+    first, last = min(starts), max(starts) + latency
+    ordered = sorted(starts)
+    profile, at = [], first + step / 2
+    while at < last:
+        profile.append(bisect.bisect_right(ordered, at) - bisect.bisect_right(ordered, at - latency))
+        at += step
+    return profile
 
 
 # -------------------------------------------------------------------------------------- the ceiling
@@ -488,10 +503,11 @@ def run_scenarios(args, *, database: str, database_url: str | None = None) -> di
                         result = measure(name, start, levels=levels, server=server, platform=platform,
                                          database=database, timeout=args.timeout)
                         chains = chains or [[1, 1, 1]] * max(1, result["calls"] // 3)
+                        result["in_flight_each_half_second"] = in_flight_profile(result.pop("starts"), args.latency)
                         server.reset()
                         result["ceiling"] = ceiling(server.url, chains, args.in_flight)
+                        result["ceiling"]["in_flight_each_half_second"] = in_flight_profile(server.starts, args.latency)
                         result["ratio"] = _ratio(result)
-                        result.pop("starts")
                         results["scenarios"].append(result)
                 finally:
                     platform.stop()
