@@ -830,3 +830,198 @@ def test_an_iterative_run_begun_before_refused_children_were_kept_out_replays_as
     run.refresh_from_db()
     assert run.status == "completed", run.error
     assert run.best_version_id != run.base_version_id
+
+
+def first_better_only(monkeypatch) -> dict[int, bool]:
+    """Reflective.significantly_better saying yes to the first pair of (child, parent) scores it is asked about and
+    no to any other: a function of the scores, so a replayed or repeated run gets the same answers; and every child
+    beating its parent on its minibatch (the offline rewriter's children of a kept child seldom do), so that children
+    after the kept one meet the paired test. Returns what it answered, by child."""
+    from evolution.durable_workflows import Reflective
+
+    verdicts: dict[tuple, bool] = {}
+    asked: dict[int, bool] = {}
+
+    def decide(self, child, parent):
+        key = tuple(tuple(sorted(self.scores[v]["scores"].items())) for v in (child, parent))
+        asked[child] = verdicts.setdefault(key, not verdicts)
+        return asked[child]
+
+    minibatch = Reflective.beats_parent_on_minibatch
+
+    def beats(self, child, parent, iteration):
+        minibatch(self, child, parent, iteration)  # its eval run, as a real minibatch
+        return True
+
+    monkeypatch.setattr(Reflective, "significantly_better", decide)
+    monkeypatch.setattr(Reflective, "beats_parent_on_minibatch", beats)
+    return asked
+
+
+def best_rows(run, base) -> list[tuple]:
+    """Each row's run best, rollouts and changes of the best, versions named by their DSL hash (comparable across
+    two copies of a workflow)."""
+    hashes = dict(WorkflowVersion.objects.filter(workflow=base.workflow).values_list("pk", "dsl_hash"))
+    return [(g.number, hashes[g.stats["run_best_version_id"]], g.stats["run_rollouts"],
+             [(hashes[c["version_id"]], c["run_rollouts"]) for c in g.stats["run_best_changes"]])
+            for g in Generation.objects.filter(evolution_run=run).order_by("number")]
+
+
+ITERATIVE = {"population": 3, "generations": 3, "seed": 1, "minibatch": 2}
+
+
+@pytest.mark.parametrize("golden", ["held_out_set", "support_set"])
+def test_an_iterative_runs_best_rows_and_report_name_only_the_base_or_children_the_paired_test_kept(
+        facts, support_base, evolve, monkeypatch, request, golden):
+    """One child passes the paired test, the later ones do not: the run's best, each row's run best, each change
+    of the best and the report's best are the base or that child; a refused child is never scored on validation."""
+    asked = first_better_only(monkeypatch)
+    golden_set = request.getfixturevalue(golden)
+    run = evolve(support_base.workflow, golden_set, mode="iterative", config=ITERATIVE)
+    assert run.status == "completed", run.error
+    kept = {v for v, yes in asked.items() if yes} | {run.base_version_id}
+    refused = {v for v, yes in asked.items() if not yes}
+    assert len(kept) == 2 and refused, asked
+    rows = list(Generation.objects.filter(evolution_run=run).order_by("number"))
+    named = {g.stats["run_best_version_id"] for g in rows} | {c["version_id"] for g in rows
+                                                              for c in g.stats["run_best_changes"]}
+    assert named <= kept and run.best_version_id in kept
+    assert run.report["best"]["version_id"] == run.best_version_id
+    if run.held_out:
+        validation = split_ids(golden_set)["validation"]
+        validated = {r.workflow_version_id for r in eval_runs_of(run) if set(r.config["item_ids"]) == validation}
+        assert validated <= kept
+
+
+def test_an_iterative_run_resumed_after_crashes_keeps_the_same_best_as_an_uninterrupted_one(
+        facts, held_out_set, make_version, monkeypatch):
+    """Two copies of a held-out iterative run where one child passes the paired test and later ones do not: one
+    uninterrupted, one whose worker dies right after a child's train eval run was read and again right after the
+    generation 1 row was written. The resumed run replays to the same rows, best and totals."""
+    from evals.models import EvalRun
+
+    first_better_only(monkeypatch)
+    train = split_ids(held_out_set)["train"]
+    clean_base = make_version(BASE_DSL, name="clean")
+    clean = drive_through_crashes(evolution_start(workflow=clean_base.workflow, golden_set=held_out_set,
+                                                  mode="iterative", config=ITERATIVE), crashes=0)
+    assert clean.status == "completed", clean.error
+
+    def a_childs_train_run(args):
+        eval_runs = EvalRun.objects.filter(pk__in=[pk for pk in args[0].values() if isinstance(pk, int)])
+        return any(set(r.config.get("item_ids") or []) == train and r.workflow_version.parent1_id
+                   for r in eval_runs)
+
+    deaths = [die_after(monkeypatch, "eval_scores", when=a_childs_train_run),
+              die_after(monkeypatch, "record_generation", when=lambda args: args[1] == 1)]
+    crashed_base = make_version(BASE_DSL, name="crashed")
+    crashed = drive_through_crashes(evolution_start(workflow=crashed_base.workflow, golden_set=held_out_set,
+                                                    mode="iterative", config=ITERATIVE), crashes=2)
+    assert all(deaths) and crashed.status == "completed", crashed.error
+    assert best_rows(crashed, crashed_base) == best_rows(clean, clean_base)
+    assert (crashed.rollouts, crashed.evaluations, crashed.stop_reason) == \
+        (clean.rollouts, clean.evaluations, clean.stop_reason)
+    assert WorkflowVersion.objects.get(pk=crashed.best_version_id).dsl_hash == \
+        WorkflowVersion.objects.get(pk=clean.best_version_id).dsl_hash
+
+
+def try_child_as_begun_before_refused_children_were_kept_out(self, child, parent, iteration, iterative):
+    """Reflective.try_child as the loop had it before a refused iterative child was kept out of the run's best
+    (commit faec8ba): the best noted before the paired test."""
+    from evals.stats import paired_comparison
+
+    if not self.beats_parent_on_minibatch(child, parent, iteration):
+        return False
+    self.evaluate(f"full{iteration}", [child])
+    self.note_best()
+    if iterative:
+        mine, theirs = self.scores[child]["scores"], self.scores[parent]["scores"]
+        paired = [item for item in map(str, self.search_items)
+                  if mine.get(item) is not None and theirs.get(item) is not None]
+        if paired_comparison([theirs[i] for i in paired], [mine[i] for i in paired]).verdict != "better":
+            return False
+    if self.best_as_found:
+        self.validate(f"i{iteration}", [child])
+    return True
+
+
+def test_an_iterative_run_the_earlier_loop_began_and_crashed_replays_under_the_present_loop(
+        facts, held_out_set, make_version, monkeypatch):
+    """A held-out iterative run the earlier loop began (its plan has best_as_found and no best_from_accepted), whose
+    worker died after writing the generation 1 row, is taken over by the present loop: no checkpoint it does not
+    expect, and the same rows and best as the earlier loop's uninterrupted run of a copy."""
+    import evals.stats
+    from durable import owners
+    from evolution.durable_workflows import Reflective
+
+    def no_difference(before, after, **kwargs):
+        return evals.stats.Comparison(len(after), None, None, None, None, None, 1.0, 0.05, "wilcoxon",
+                                      "no significant difference")
+
+    def as_the_earlier_loop():
+        owner = next(o for o in owners.registered() if o.model is EvolutionRun)
+        plan = owner.plan
+        monkeypatch.setattr(owner, "plan", lambda run: {k: v for k, v in plan(run).items()
+                                                        if k != "best_from_accepted"})
+        monkeypatch.setattr(Reflective, "try_child", try_child_as_begun_before_refused_children_were_kept_out)
+        monkeypatch.setattr(Reflective, "eligible", lambda self, versions: list(versions))
+
+    monkeypatch.setattr(evals.stats, "paired_comparison", no_difference)
+    as_the_earlier_loop()
+    earlier_base = make_version(BASE_DSL, name="earlier")
+    earlier = drive_through_crashes(evolution_start(workflow=earlier_base.workflow, golden_set=held_out_set,
+                                                    mode="iterative", config=ITERATIVE), crashes=0)
+    assert earlier.status == "completed" and earlier.best_version_id != earlier.base_version_id, earlier.error
+
+    deaths = die_after(monkeypatch, "record_generation", when=lambda args: args[1] == 1)
+    taken_base = make_version(BASE_DSL, name="taken over")
+    taken = evolution_start(workflow=taken_base.workflow, golden_set=held_out_set, mode="iterative",
+                            config=ITERATIVE)
+    with pytest.raises(WorkerDied):
+        run_until_settled(taken.durable_run_id, max_wait=300)
+    assert deaths
+    monkeypatch.undo()  # the present loop takes the run over
+    monkeypatch.setattr(evals.stats, "paired_comparison", no_difference)
+    past = timezone.now() - timedelta(hours=1)
+    DurableRun.objects.filter(status="running").update(locked_until=past)
+    assert tick.recover_expired_leases() >= 1
+    durable = run_until_settled(taken.durable_run_id, max_wait=300)
+    taken.refresh_from_db()
+    assert durable.status == "completed" and taken.status == "completed", durable.error
+    assert best_rows(taken, taken_base) == best_rows(earlier, earlier_base)
+    assert WorkflowVersion.objects.get(pk=taken.best_version_id).dsl_hash == \
+        WorkflowVersion.objects.get(pk=earlier.best_version_id).dsl_hash
+
+
+@pytest.mark.parametrize("mode", ["gp", "reflective"])
+def test_gp_and_reflective_runs_are_the_same_with_or_without_best_from_accepted(facts, held_out_set, make_version,
+                                                                                 monkeypatch, mode):
+    """Only the iterative mode refuses children: a GP or reflective run whose plan has no best_from_accepted makes
+    the same rows, best and totals as one whose plan has it."""
+    from durable import owners
+
+    config = {"population": 3, "generations": 2, "seed": 1, "minibatch": 2}
+    now_base = make_version(BASE_DSL, name="present")
+    present = drive_through_crashes(evolution_start(workflow=now_base.workflow, golden_set=held_out_set,
+                                                    mode=mode, config=config), crashes=0)
+    owner = next(o for o in owners.registered() if o.model is EvolutionRun)
+    plan = owner.plan
+    monkeypatch.setattr(owner, "plan", lambda run: {k: v for k, v in plan(run).items() if k != "best_from_accepted"})
+    old_base = make_version(BASE_DSL, name="without")
+    without = drive_through_crashes(evolution_start(workflow=old_base.workflow, golden_set=held_out_set,
+                                                    mode=mode, config=config), crashes=0)
+    assert present.status == without.status == "completed", (present.error, without.error)
+    assert best_rows(present, now_base) == best_rows(without, old_base)
+    assert (present.rollouts, present.evaluations, present.stop_reason) == \
+        (without.rollouts, without.evaluations, without.stop_reason)
+
+
+def test_a_held_out_iterative_run_whose_budget_ended_before_any_validation_holds_its_base(
+        held_out_set, support_base, evolve, settings):
+    """The budget ends with the base's train eval run: no validation, the base is the best, chosen on train."""
+    settings.LLM_PRICES = {"offline-directive-v1": {"input": 1000, "output": 1000}}
+    settings.LLM_CACHE_ENABLED = False
+    run = evolve(support_base.workflow, held_out_set, mode="iterative", config={**ITERATIVE, "usd_budget": 0.0001})
+    assert run.status == "completed" and run.stop_reason.startswith("USD budget reached"), run.stop_reason
+    assert run.best_version_id == run.base_version_id
+    assert run.report["selected_on"] == "train" and run.report["best"]["validation"] is None
