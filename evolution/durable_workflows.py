@@ -18,7 +18,8 @@ Held-out items (evals/splits.py): when the golden set can carry a held-out claim
 (evals.selectors.split_plan), the search scores individuals on the train split only ("the full
 set" above is the train split, and minibatches are drawn from it); the run's best and the
 convergence rule read the validation split, on which the base and each generation's top
-VALIDATED_PER_GENERATION by train fitness are scored (each version once; in the reflective modes each candidate
+VALIDATED_PER_GENERATION by train fitness are scored (in iterative mode, of those that may be the run's best: no child
+the paired test refused; each version once; in the reflective modes each candidate
 also as it joins the frontier, so the run holds a better version as soon as it is found, and a block of proposals a
 stop rule cuts short still gets its row, so that a row names each best the run held); at the end the base and
 the best are scored on the test split, which nothing before read, and the report
@@ -266,7 +267,8 @@ class Loop:
 
     def record(self, number: int, members: list[int], survivors: set[int], started: datetime) -> None:
         """The generation's row; first, with a held-out claim, its candidates for the run's best (the base in
-        generation 0, and the generation's top VALIDATED_PER_GENERATION by search fitness) scored on validation."""
+        generation 0, and the generation's top VALIDATED_PER_GENERATION by search fitness of those `eligible`) scored on
+        validation."""
         scored = [v for v in members if v in self.scores]
         self.validate(f"g{number}", ([self.base] if number == 0 else [])
                       + self.rank(self.eligible(scored))[:VALIDATED_PER_GENERATION])
