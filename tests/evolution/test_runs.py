@@ -480,34 +480,44 @@ def test_a_reflective_run_resumed_after_crashes_records_the_changes_of_its_best_
     after a candidate's validation eval run was read (before its checkpoint) and again right after the generation 1
     row was written. The resumed run replays to the same changes of its best, at the same rollouts, and the same
     totals and best."""
+    config = {"population": 3, "generations": 2, "seed": 1, "minibatch": 2}
+    crashed_copy_replays_as_the_clean_one(held_out_set, make_version, monkeypatch, mode="reflective", config=config,
+                                          dies_after_a_childs_run_on=split_ids(held_out_set)["validation"])
+
+
+def best_rows(run, base) -> list[tuple]:
+    """Each row's run best, rollouts and changes of the best, versions named by their DSL hash (comparable across
+    two copies of a workflow)."""
+    hashes = dict(WorkflowVersion.objects.filter(workflow=base.workflow).values_list("pk", "dsl_hash"))
+    return [(g.number, hashes[g.stats["run_best_version_id"]], g.stats["run_rollouts"],
+             [(hashes[c["version_id"]], c["run_rollouts"]) for c in g.stats["run_best_changes"]])
+            for g in Generation.objects.filter(evolution_run=run).order_by("number")]
+
+
+def crashed_copy_replays_as_the_clean_one(golden, make_version, monkeypatch, *, mode: str, config: dict,
+                                          dies_after_a_childs_run_on: set[int]) -> None:
+    """Run an evolution on one copy of the workflow uninterrupted, then on another whose worker dies right after the
+    scores of a child's eval run on `dies_after_a_childs_run_on` were read (before their checkpoint) and again right
+    after the generation 1 row was written; the resumed run must replay to the same rows, totals and best."""
     from evals.models import EvalRun
 
-    config = {"population": 3, "generations": 2, "seed": 1, "minibatch": 2}
-    validation = split_ids(held_out_set)["validation"]
-
-    def rows(run, base):
-        hashes = dict(WorkflowVersion.objects.filter(workflow=base.workflow).values_list("pk", "dsl_hash"))
-        return [(g.number, hashes[g.stats["run_best_version_id"]], g.stats["run_rollouts"],
-                 [(hashes[c["version_id"]], c["run_rollouts"]) for c in g.stats["run_best_changes"]])
-                for g in Generation.objects.filter(evolution_run=run).order_by("number")]
-
     clean_base = make_version(BASE_DSL, name="clean")
-    clean = drive_through_crashes(evolution_start(workflow=clean_base.workflow, golden_set=held_out_set,
-                                                  mode="reflective", config=config), crashes=0)
+    clean = drive_through_crashes(evolution_start(workflow=clean_base.workflow, golden_set=golden, mode=mode,
+                                                  config=config), crashes=0)
     assert clean.status == "completed", clean.error
 
-    def a_candidates_validation(args):
+    def a_childs_run(args):
         eval_runs = EvalRun.objects.filter(pk__in=[pk for pk in args[0].values() if isinstance(pk, int)])
-        return any(set(r.config.get("item_ids") or []) == validation and r.workflow_version.parent1_id
+        return any(set(r.config.get("item_ids") or []) == dies_after_a_childs_run_on and r.workflow_version.parent1_id
                    for r in eval_runs)
 
-    deaths = [die_after(monkeypatch, "eval_scores", when=a_candidates_validation),
+    deaths = [die_after(monkeypatch, "eval_scores", when=a_childs_run),
               die_after(monkeypatch, "record_generation", when=lambda args: args[1] == 1)]
     crashed_base = make_version(BASE_DSL, name="crashed")
-    crashed = drive_through_crashes(evolution_start(workflow=crashed_base.workflow, golden_set=held_out_set,
-                                                    mode="reflective", config=config), crashes=2)
+    crashed = drive_through_crashes(evolution_start(workflow=crashed_base.workflow, golden_set=golden, mode=mode,
+                                                    config=config), crashes=2)
     assert all(deaths) and crashed.status == "completed", crashed.error
-    assert rows(crashed, crashed_base) == rows(clean, clean_base)
+    assert best_rows(crashed, crashed_base) == best_rows(clean, clean_base)
     assert (crashed.rollouts, crashed.evaluations, crashed.stop_reason) == \
         (clean.rollouts, clean.evaluations, clean.stop_reason)
     assert WorkflowVersion.objects.get(pk=crashed.best_version_id).dsl_hash == \
@@ -858,15 +868,6 @@ def first_better_only(monkeypatch) -> dict[int, bool]:
     return asked
 
 
-def best_rows(run, base) -> list[tuple]:
-    """Each row's run best, rollouts and changes of the best, versions named by their DSL hash (comparable across
-    two copies of a workflow)."""
-    hashes = dict(WorkflowVersion.objects.filter(workflow=base.workflow).values_list("pk", "dsl_hash"))
-    return [(g.number, hashes[g.stats["run_best_version_id"]], g.stats["run_rollouts"],
-             [(hashes[c["version_id"]], c["run_rollouts"]) for c in g.stats["run_best_changes"]])
-            for g in Generation.objects.filter(evolution_run=run).order_by("number")]
-
-
 ITERATIVE = {"population": 3, "generations": 3, "seed": 1, "minibatch": 2}
 
 
@@ -898,31 +899,9 @@ def test_an_iterative_run_resumed_after_crashes_keeps_the_same_best_as_an_uninte
     """Two copies of a held-out iterative run where one child passes the paired test and later ones do not: one
     uninterrupted, one whose worker dies right after a child's train eval run was read and again right after the
     generation 1 row was written. The resumed run replays to the same rows, best and totals."""
-    from evals.models import EvalRun
-
     first_better_only(monkeypatch)
-    train = split_ids(held_out_set)["train"]
-    clean_base = make_version(BASE_DSL, name="clean")
-    clean = drive_through_crashes(evolution_start(workflow=clean_base.workflow, golden_set=held_out_set,
-                                                  mode="iterative", config=ITERATIVE), crashes=0)
-    assert clean.status == "completed", clean.error
-
-    def a_childs_train_run(args):
-        eval_runs = EvalRun.objects.filter(pk__in=[pk for pk in args[0].values() if isinstance(pk, int)])
-        return any(set(r.config.get("item_ids") or []) == train and r.workflow_version.parent1_id
-                   for r in eval_runs)
-
-    deaths = [die_after(monkeypatch, "eval_scores", when=a_childs_train_run),
-              die_after(monkeypatch, "record_generation", when=lambda args: args[1] == 1)]
-    crashed_base = make_version(BASE_DSL, name="crashed")
-    crashed = drive_through_crashes(evolution_start(workflow=crashed_base.workflow, golden_set=held_out_set,
-                                                    mode="iterative", config=ITERATIVE), crashes=2)
-    assert all(deaths) and crashed.status == "completed", crashed.error
-    assert best_rows(crashed, crashed_base) == best_rows(clean, clean_base)
-    assert (crashed.rollouts, crashed.evaluations, crashed.stop_reason) == \
-        (clean.rollouts, clean.evaluations, clean.stop_reason)
-    assert WorkflowVersion.objects.get(pk=crashed.best_version_id).dsl_hash == \
-        WorkflowVersion.objects.get(pk=clean.best_version_id).dsl_hash
+    crashed_copy_replays_as_the_clean_one(held_out_set, make_version, monkeypatch, mode="iterative", config=ITERATIVE,
+                                          dies_after_a_childs_run_on=split_ids(held_out_set)["train"])
 
 
 def try_child_as_begun_before_refused_children_were_kept_out(self, child, parent, iteration, iterative):
