@@ -14,6 +14,8 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.http import HttpResponseBadRequest
 
+from workspaces.api.parsers import NUL, NUL_MESSAGE, nul_parameter
+
 # (group name, the app labels it gathers, its models in the order an operator reaches for them); a model
 # not named here follows the named ones alphabetically, an app not named here comes after every group
 GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
@@ -54,19 +56,13 @@ def grouped_app_list(app_dict: dict) -> list[dict]:
     return groups + rest
 
 
-NUL = "\x00"
-
-
-def nul_parameter(request, kwargs: dict) -> str | None:
-    """The name of the first query parameter (or URL part) holding a NUL character, else None: Postgres can
-    neither store nor compare one, so a filter, a search or an object id carrying it is bad input."""
-    for name, values in request.GET.lists():
-        if NUL in name or any(NUL in value for value in values):
-            return name.replace(NUL, "") or "query"
-    for name, value in kwargs.items():
-        if NUL in str(value) or NUL in unquote(str(value)):  # an object id as the admin quotes it ("_00")
-            return name
-    return None
+def nul_part(request, kwargs: dict) -> str | None:
+    """The name of the first query parameter or URL part holding a NUL character (an object id also as the admin
+    quotes it, "_00"), else None."""
+    name = nul_parameter(request.GET)
+    if name is not None:
+        return name
+    return next((key for key, value in kwargs.items() if NUL in str(value) or NUL in unquote(str(value))), None)
 
 
 class LineageAdminSite(admin.AdminSite):
@@ -81,9 +77,9 @@ class LineageAdminSite(admin.AdminSite):
         inner = super().admin_view(view, cacheable)
 
         def refuse_nul(request, *args, **kwargs):
-            name = nul_parameter(request, kwargs)
+            name = nul_part(request, kwargs)
             if name is not None:
-                return HttpResponseBadRequest(f"{name}: Null characters (NUL) are not allowed.",
+                return HttpResponseBadRequest(f"{name}: {NUL_MESSAGE}",
                                               content_type="text/plain; charset=utf-8")
             return inner(request, *args, **kwargs)
 

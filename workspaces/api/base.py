@@ -15,7 +15,7 @@ from rest_framework import mixins, permissions, serializers, viewsets
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.request import Request
 
-from workspaces.api.parsers import NUL, NUL_MESSAGE
+from workspaces.api.parsers import NUL, NUL_MESSAGE, nul_parameter
 from workspaces.models import Membership, Workspace
 
 
@@ -66,9 +66,9 @@ class WorkspaceScopedMixin:
         # Postgres cannot compare or store NUL: refuse it before any filter or lookup sees it
         if any(NUL in str(value) for value in kwargs.values()):
             raise NotFound()
-        for name, values in request.query_params.lists():
-            if NUL in name or any(NUL in value for value in values):
-                raise ValidationError({name.replace(NUL, "") or "query": [NUL_MESSAGE]})
+        name = nul_parameter(request.query_params)
+        if name is not None:
+            raise ValidationError({name: [NUL_MESSAGE]})
 
     def get_queryset(self):
         queryset = super().get_queryset()

@@ -30,6 +30,16 @@ def text_problem(text: str) -> str | None:
     return None
 
 
+def nul_parameter(params) -> str | None:
+    """The name of the first parameter of `params` (a QueryDict) whose name or a value holds a NUL (the name without
+    it, "query" when nothing is left), else None: Postgres can neither store nor compare one, so a filter, a search
+    or a cursor carrying it is refused (by the API's views and by every admin page) before anything reads it."""
+    for name, values in params.lists():
+        if NUL in name or any(NUL in value for value in values):
+            return name.replace(NUL, "") or "query"
+    return None
+
+
 def _refuse(field: str, problem: str) -> ValidationError:
     if NUL in field:
         return ValidationError({"non_field_errors": ["A field name contains a null character."]})
