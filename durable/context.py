@@ -194,6 +194,7 @@ class Context:
         self._misuse: WorkflowMisuse | None = None
         self._wrote_open = False
         self.wake_now = False  # a checkpoint settled as it was written (a child that had ended): turn again
+        self.run_next: str | None = None  # the child whose first turn this worker runs after this turn (child())
 
     # -- internals
 
@@ -550,15 +551,18 @@ class Context:
             raise Suspend()
         get_workflow(workflow)  # fail fast, in the parent, on an unknown name
         with transaction.atomic():
-            row = self._child_row(seq, label, workflow, input, tags, group=None)
+            # no message: the worker running this turn runs the child's first turn next (turns.execute_turn)
+            row = self._child_row(seq, label, workflow, input, tags, group=None, dispatch=False)
             self._insert([row])
         raise Suspend()
 
-    def _child_row(self, seq, label, workflow, input, tags, group) -> tuple:
+    def _child_row(self, seq, label, workflow, input, tags, group, dispatch: bool = True) -> tuple:
         child_id = self.child_id(seq)
         created = store.run_insert(run_id=child_id, workflow=workflow, input_text=encode(input),
                                    namespace=self.namespace, tags=list(tags) or list(self.tags),
-                                   priority=self.priority, parent_id=self.run_id, parent_seq=seq)
+                                   priority=self.priority, parent_id=self.run_id, parent_seq=seq, dispatch=dispatch)
+        if created and not dispatch:
+            self.run_next = child_id
         if not created:
             # the child exists (a retry of this run): an ended child answers now, a live one reports when it ends
             existing = store.child_lock(child_id)

@@ -59,10 +59,38 @@ class TurnResult:
     error: dict | None = None
     output: object = None
     redispatched: bool = False
+    run_next: str | None = None  # a child this turn started that was sent no message (execute_turn)
 
 
-def execute_turn(run_id: str) -> TurnResult:
-    """Claim the run, replay its workflow from its checkpoints, and record where it got to."""
+FOLLOW_LIMIT = 8  # first turns of started children one worker runs after a turn, one after the other
+
+
+def execute_turn(run_id: str, *, follow: bool = True) -> TurnResult:
+    """Claim the run, replay its workflow from its checkpoints, and record where it got to. A turn that
+    started a child (``ctx.child``, which sends no message for it) is followed, in this process, by the
+    child's first turn, and so on down a chain of such children (at most FOLLOW_LIMIT, the last one sent
+    a message instead): the child's work begins at once instead of behind every message queued before it
+    (an eval lane's item, behind the other lanes). A crash before the child's turn leaves it pending
+    with wake_pending, which the tick's lost-wake pass sends; a child's turn that failed is given back
+    by its own turn and never fails the one that started it. `follow=False` runs this turn only (the
+    child then waits for the lost-wake pass)."""
+    result = _execute_turn(run_id)
+    child = result.run_next if follow else None
+    for _ in range(FOLLOW_LIMIT):
+        if child is None:
+            return result
+        try:
+            child = _execute_turn(child).run_next
+        except (TurnInterrupted, DatabaseError, psycopg.Error) as exc:  # given back, or found by the tick
+            logger.warning("durable: run %s: the first turn of its child %s failed here (%s: %s); the engine "
+                           "retries it", run_id, child, type(exc).__name__, exc)
+            return result
+    if child is not None:
+        store.run_wake(child)
+    return result
+
+
+def _execute_turn(run_id: str) -> TurnResult:
     settings = durable_settings()
     token = worker_token()
     cursor = store.raw_cursor()
@@ -119,6 +147,7 @@ def _turn(run_id, token, cursor, workflow_name, input_text, namespace, priority,
         ctx.abort_open()
         raise
     ctx.commit_open()
+    result.run_next = ctx.run_next
     return result
 
 

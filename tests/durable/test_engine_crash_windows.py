@@ -718,3 +718,79 @@ def test_the_orphan_sweep_cancels_active_children_of_ended_parents():
     assert retention.retention_pass()["orphans_cancelled"] == 1
     assert _status(child.id) == "cancelled"
     assert retention.retention_pass()["orphans_cancelled"] == 0
+
+
+# ------------------------------------------------- a started child's first turn, run by the worker next
+
+
+@pytest.fixture
+def sent_turns(monkeypatch):
+    """The run ids turn messages are sent for, from now on."""
+    sent: list[str] = []
+    monkeypatch.setattr(store, "dispatch_turn", lambda run_id, priority=0: sent.append(run_id))
+    return sent
+
+
+@pytest.mark.django_db
+def test_a_turn_that_starts_a_child_runs_the_childs_first_turn_next_and_sends_it_no_message(sent_turns):
+    run = run_start(workflow="tests.parent", input={})
+    sent_turns.clear()
+    assert turns.execute_turn(run.id).outcome == "suspended"
+    child = DurableRun.objects.get(parent_id=run.id)
+    # the child ran (and ended) in the same call; its end woke the parent, by message
+    assert (child.status, child.turns) == ("completed", 1)
+    assert sent_turns == [run.id]
+    assert run_until_settled(run.id).status == "completed"
+
+
+@pytest.mark.django_db
+def test_a_crash_before_the_childs_first_turn_leaves_it_to_the_lost_wake_pass(monkeypatch, sent_turns):
+    run = run_start(workflow="tests.parent", input={})
+    real = turns._execute_turn
+
+    def dies_before_the_child(run_id):
+        if run_id != run.id:
+            raise SystemExit("the worker died after its turn committed")
+        return real(run_id)
+
+    monkeypatch.setattr(turns, "_execute_turn", dies_before_the_child)
+    sent_turns.clear()
+    with pytest.raises(SystemExit):
+        turns.execute_turn(run.id)
+    child = DurableRun.objects.get(parent_id=run.id)
+    assert (child.status, child.wake_pending, child.turns) == ("pending", True, 0)
+    assert sent_turns == []  # no message for it yet: the lost-wake pass sends one
+    assert [row[0] for row in store.runs_redispatch_lost(after_seconds=0, batch=10)] == [child.id]
+    assert sent_turns == [child.id]
+    monkeypatch.setattr(turns, "_execute_turn", real)
+    assert run_until_settled(run.id).status == "completed"
+
+
+@pytest.mark.django_db
+def test_a_childs_first_turn_that_fails_is_given_back_and_never_fails_its_parents_turn(monkeypatch, sent_turns):
+    run = run_start(workflow="tests.parent", input={})
+    real = turns._turn
+
+    def engine_write_fails_in_the_child(run_id, *args):
+        if run_id != run.id:
+            raise errors.EngineWriteFailed(RuntimeError("the database went away"))
+        return real(run_id, *args)
+
+    monkeypatch.setattr(turns, "_turn", engine_write_fails_in_the_child)
+    assert turns.execute_turn(run.id).outcome == "suspended"
+    child = DurableRun.objects.get(parent_id=run.id)
+    assert (child.status, child.recovery_attempts, child.locked_by) == ("suspended", 1, "")
+    assert child.wake_at is not None  # given back with a short delay, for the timer pass
+    monkeypatch.setattr(turns, "_turn", real)
+    assert run_until_settled(run.id).status == "completed"
+
+
+@pytest.mark.django_db
+def test_a_chain_of_children_is_followed_to_the_limit_and_the_next_is_sent_a_message(sent_turns):
+    run = run_start(workflow="tests.nest", input={"depth": turns.FOLLOW_LIMIT + 2})
+    sent_turns.clear()
+    turns.execute_turn(run.id)
+    chain = sorted(DurableRun.objects.exclude(pk=run.id), key=lambda row: len(row.id))
+    assert [row.turns for row in chain] == [1] * turns.FOLLOW_LIMIT + [0]
+    assert sent_turns == [chain[-1].id]
+    assert decode(run_until_settled(run.id).output)["depth"] == turns.FOLLOW_LIMIT + 2

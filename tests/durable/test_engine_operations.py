@@ -30,10 +30,10 @@ def test_cancel_is_final_even_for_a_turn_in_flight():
 
 
 def test_cancel_cascades_to_children():
-    run = run_start(workflow="tests.parent", input={})
-    turns.execute_turn(run.id)  # starts the first child and suspends
+    run = run_start(workflow="tests.parent_of_waiting", input={})
+    turns.execute_turn(run.id)  # starts the child (whose first turn waits for a signal) and suspends
     child = DurableRun.objects.get(parent=run)
-    assert child.status == "pending"
+    assert child.status == "suspended"
     run_cancel(run_id=run.id)
     assert DurableRun.objects.get(pk=child.pk).status == "cancelled"
 

@@ -118,6 +118,14 @@ def child(ctx, input):
     return {"child": input["x"] * 2}
 
 
+@workflow("tests.nest")
+def nest(ctx, input):
+    """A chain of lone children, `depth` deep, each waiting on the next."""
+    if input["depth"] == 0:
+        return {"depth": 0}
+    return {"depth": input["depth"], "below": ctx.child("tests.nest", {"depth": input["depth"] - 1})}
+
+
 @workflow("tests.parent")
 def parent(ctx, input):
     one = ctx.child("tests.child", {"x": 1})

@@ -365,7 +365,8 @@ def test_cancelling_an_eval_run_before_its_items_start_ends_their_invocations(su
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=6)
     turns.execute_turn(run.durable_run_id)  # begun: its six lanes started
     for lane in DurableRun.objects.filter(parent_id=run.durable_run_id):
-        turns.execute_turn(lane.id)  # each lane wrote its first item's invocation, whose run has not begun
+        # each lane writes its first item's invocation, whose run has not begun (no worker followed it)
+        turns.execute_turn(lane.id, follow=False)
     invocations = WorkflowInvocation.objects.filter(workflow_version=support_versions[0])
     assert invocations.count() == 6 and set(invocations.values_list("status", flat=True)) == {"queued"}
     assert eval_run_cancel(eval_run=run)
@@ -667,7 +668,7 @@ def test_an_item_whose_lane_was_cancelled_before_its_run_began_is_ended_while_th
     run = eval_run_start(golden_set=support_set, version=support_versions[0], concurrency=2)
     turns.execute_turn(run.durable_run_id)
     first, _other = DurableRun.objects.filter(parent_id=run.durable_run_id).order_by("parent_seq")
-    turns.execute_turn(first.id)  # its first item's invocation is written, the item's run not begun
+    turns.execute_turn(first.id, follow=False)  # its first item's invocation is written, the item's run not begun
     waiting = WorkflowInvocation.objects.get(workflow_version=support_versions[0])
     assert run_cancel(run_id=first.id, reason="from the durable admin")
     assert DurableRun.objects.get(pk=run.durable_run_id).status in DurableRun.Status.ACTIVE  # its other lane runs
