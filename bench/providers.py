@@ -23,11 +23,12 @@ Scenarios (node models are bare names, so they go to the server; distinct inputs
               with `--unannounced` the workers are not told, so every call past the window is a 429 whose
               Retry-After is waited out on a durable timer (the server counts the refusals).
 
-Reported for each: wall time (start to the last end), calls answered, peak calls in flight (at the
-server), calls/s, engine time per call (per invocation: span / calls on its critical path - the
-latency; median and p95), peak Postgres connections of the benchmark database, peak RSS of the worker
-processes, the workers' CPU time per call (each worker's main process and its pool processes apart), and,
-in the same run, the ceiling: the same calls, with the same dependencies, made by
+Reported for each: wall time (from the call that starts the work to the last invocation's end; what it
+runs on, its workflow version and golden set, is made before), the time that call took, calls
+answered, peak calls in flight (at the server), calls/s, engine time per call (per invocation: span /
+calls on its critical path - the latency; median and p95), peak Postgres connections of the benchmark
+database, peak RSS of the worker processes, the workers' CPU time per call (each worker's main process and
+its pool processes apart), and, in the same run, the ceiling: the same calls, with the same dependencies, made by
 `openai.AsyncOpenAI` under an asyncio semaphore of `--in-flight` with no persistence. Targets: every
 scenario >= 0.8x the ceiling's calls/s; the rate-limited variant loses no call and starts >= 0.9 of what
 the window allows over its span (N starts per minute begun, counted at the server).
@@ -415,11 +416,13 @@ def _last_invocation_id() -> int:
     return WorkflowInvocation.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
 
 
-def measure(name: str, start, *, levels: int, server: SlowProvider, platform: Platform, database: str,
+def measure(name: str, prepare, *, levels: int, server: SlowProvider, platform: Platform, database: str,
             timeout: float) -> dict:
-    """Run one scenario (`start()` returns the rows to wait for) and measure it (module docstring)."""
+    """Run one scenario and measure it (module docstring): `prepare()` makes what it runs on and returns
+    `start`, timed from its call; `start()` returns the rows to wait for."""
     from django.utils import timezone
 
+    start = prepare()
     server.reset()
     before = _last_invocation_id()
     common.say(f"{name}: starting")
@@ -427,6 +430,7 @@ def measure(name: str, start, *, levels: int, server: SlowProvider, platform: Pl
     with Sampler(platform, database) as sampler:
         began = timezone.now()
         rows = start()
+        start_s = (timezone.now() - began).total_seconds()
         finished = wait_rows(rows, timeout)
     cpu = {key: value - cpu_before.get(key, 0.0) for key, value in platform.cpu_seconds().items()}
     invocations = _invocations_since(before)
@@ -440,7 +444,8 @@ def measure(name: str, start, *, levels: int, server: SlowProvider, platform: Pl
     result = {
         "scenario": name, "finished": finished, "invocations": len(invocations), "statuses": statuses,
         "rows": [f"{type(row).__name__} {row.status}" for row in rows[:3]],
-        "calls": server.answered, "refused_429": server.refused, "wall_s": round(wall, 3),
+        "start_call_s": round(start_s, 3), "calls": server.answered, "refused_429": server.refused,
+        "wall_s": round(wall, 3),
         "peak_in_flight": server.peak, "calls_per_s": round(server.answered / wall, 2) if wall else None,
         "engine_ms_per_call": {"median": round(common.median(engine), 1) if engine else None,
                                "p95": round(common.percentile(engine, 95), 1) if engine else None,
@@ -455,30 +460,37 @@ def measure(name: str, start, *, levels: int, server: SlowProvider, platform: Pl
 
 
 def scenario_starts(args) -> dict:
-    """name -> (start function, critical-path calls per invocation, the ceiling's chains)."""
+    """name -> (prepare, critical-path calls per invocation, the ceiling's chains). `prepare()` makes what
+    the scenario runs on (its workflow version, its golden set) and returns `start`, which starts the
+    work and returns the rows to wait for: only `start` is timed."""
     def seq3():
-        return start_invocations(sequential_version("seq3"), args.invocations, "seq3")
+        version = sequential_version("seq3")
+        return lambda: start_invocations(version, args.invocations, "seq3")
 
     def fan():
-        return start_invocations(fan_version(), args.fans, "fan", node_budget=18)  # 1 + 16 + 1 nodes
+        version = fan_version()
+        return lambda: start_invocations(version, args.fans, "fan", node_budget=18)  # 1 + 16 + 1 nodes
 
     def eval_run():
         from evals.services import eval_run_start
 
         version = sequential_version("eval agent")
-        run = eval_run_start(golden_set=golden_set(args.eval_items, "eval", version.workflow), version=version,
-                             concurrency=args.eval_concurrency)
-        common.say(f"eval: {run.config['concurrency']} lanes at most"
-                   f"{'' if args.eval_concurrency else ' (EVAL_CONCURRENCY default)'}")
-        return [run]
+        gold = golden_set(args.eval_items, "eval", version.workflow)
+
+        def start():
+            run = eval_run_start(golden_set=gold, version=version, concurrency=args.eval_concurrency)
+            common.say(f"eval: {run.config['concurrency']} lanes at most"
+                       f"{'' if args.eval_concurrency else ' (EVAL_CONCURRENCY default)'}")
+            return [run]
+        return start
 
     def evolution():
         from evolution.services import evolution_start
 
         version = sequential_version("evolved agent")
         gold = golden_set(args.evolution_items, "evolution", version.workflow)
-        return [evolution_start(workflow=version.workflow, golden_set=gold, base_version=version,
-                                config={"population": 8, "generations": 1, "seed": 1})]
+        return lambda: [evolution_start(workflow=version.workflow, golden_set=gold, base_version=version,
+                                        config={"population": 8, "generations": 1, "seed": 1})]
 
     return {
         "seq3": (seq3, 3, [[1, 1, 1]] * args.invocations),
@@ -486,6 +498,15 @@ def scenario_starts(args) -> dict:
         "eval": (eval_run, 3, [[1, 1, 1]] * args.eval_items),
         "evolution": (evolution, 3, None),  # the ceiling takes the calls the run made, as chains of three
     }
+
+
+def warm_up_the_caller() -> None:
+    """This process starts the work as the web process would. What such a process loads once, at the first
+    start that needs it (the price database, read by the check of a USD budget), is loaded before anything
+    is timed, as the workers load it as they start."""
+    from llm.prices import price_problem
+
+    price_problem(MODEL)
 
 
 def run_scenarios(args, *, database: str, database_url: str | None = None) -> dict:
@@ -502,10 +523,11 @@ def run_scenarios(args, *, database: str, database_url: str | None = None) -> di
                 platform.log_dir.mkdir()
                 try:
                     common.say(f"workers ready in {platform.start():.1f}s (llm worker: {args.in_flight} threads)")
+                    warm_up_the_caller()
                     starts = scenario_starts(args)
                     for name in plain:
-                        start, levels, chains = starts[name]
-                        result = measure(name, start, levels=levels, server=server, platform=platform,
+                        prepare, levels, chains = starts[name]
+                        result = measure(name, prepare, levels=levels, server=server, platform=platform,
                                          database=database, timeout=args.timeout)
                         chains = chains or [[1, 1, 1]] * max(1, result["calls"] // 3)
                         result["in_flight_each_half_second"] = in_flight_profile(result.pop("starts"), args.latency)
@@ -535,10 +557,11 @@ def run_rate_limited(args, log_dir: Path, *, database: str, database_url: str | 
                        f"workers ready in {platform.start():.1f}s")
             count = args.rate_invocations
 
-            def start():
-                return start_invocations(sequential_version("limited"), count, "limited")
+            def prepare():
+                version = sequential_version("limited")
+                return lambda: start_invocations(version, count, "limited")
 
-            result = measure("rate-limit", start, levels=3, server=server, platform=platform, database=database,
+            result = measure("rate-limit", prepare, levels=3, server=server, platform=platform, database=database,
                              timeout=args.timeout)
         finally:
             platform.stop()
