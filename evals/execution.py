@@ -143,16 +143,20 @@ def eval_invocations_create(eval_run_id: int, item_ids: list[int], lane_run_id: 
     Raises EvalRunEnded, with nothing created or recorded, once the eval run's durable run has ended (a
     lane retried on its own after its eval run failed or was cancelled starts no item of it; a retried
     eval run is active again, its row still says how it ended until it ends anew)."""
-    run = EvalRun.objects.select_related("workflow_version", "durable_run").get(pk=eval_run_id)
-    if run.durable_run is not None and run.durable_run.status not in RunStatus.ACTIVE:
-        raise EvalRunEnded(f"eval run {eval_run_id} {run.durable_run.status}: retry the eval run, not its lane")
-    items = GoldenItem.objects.in_bulk(item_ids)
+    # only the columns it writes from: an item of every lane comes through here, and the version's graph,
+    # the run's history and the items' other fields are not read
+    run = EvalRun.objects.filter(pk=eval_run_id).values(
+        "workspace_id", "workflow_version_id", "config", "created_by_id", "durable_run__status").get()
+    status = run["durable_run__status"]
+    if status is not None and status not in RunStatus.ACTIVE:
+        raise EvalRunEnded(f"eval run {eval_run_id} {status}: retry the eval run, not its lane")
+    inputs = dict(GoldenItem.objects.filter(pk__in=item_ids).values_list("pk", "input"))
     out: dict[str, int] = {}
     for item_id in item_ids:
         invocation = WorkflowInvocation.objects.create(
-            workspace_id=run.workspace_id, workflow_version=run.workflow_version, input=items[item_id].input,
-            node_budget=run.config["node_budget"], usd_budget=Decimal(run.config["usd_budget"]),
-            parent_run_id=lane_run_id, created_by_id=run.created_by_id)
+            workspace_id=run["workspace_id"], workflow_version_id=run["workflow_version_id"], input=inputs[item_id],
+            node_budget=run["config"]["node_budget"], usd_budget=Decimal(run["config"]["usd_budget"]),
+            parent_run_id=lane_run_id, created_by_id=run["created_by_id"])
         out[str(item_id)] = invocation.pk
     return out
 
