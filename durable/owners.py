@@ -70,19 +70,21 @@ class RunOwner(models.Model):
 class Owner:
     """A registered owner: `plan(row)` runs in begin's transaction, the row locked and marked running,
     and returns the run's plan (a JSON object); `on_end(row_id, error)` runs in fail's. Both may run
-    twice for one step (a crash between their commit and its checkpoint), so both are idempotent."""
+    twice for one step (a crash between their commit and its checkpoint), so both are idempotent.
+    `related` names the foreign keys `plan` reads through, loaded with the row (only the row is locked)."""
 
     model: type[RunOwner]
     noun: str
     plan: Callable[[RunOwner], dict]
     on_end: Callable[[int, str], None] | None = None
+    related: tuple[str, ...] = ()
 
 
 _owners: dict[str, Owner] = {}
 
 
 def register(model: type[RunOwner], *, noun: str, plan: Callable[[RunOwner], dict],
-             on_end: Callable[[int, str], None] | None = None) -> Owner:
+             on_end: Callable[[int, str], None] | None = None, related: tuple[str, ...] = ()) -> Owner:
     """Make `model` an owner (`noun` names a row in refusals: "invocation 7 is driven by run ...").
     Registering the same model again replaces its entry."""
     if not issubclass(model, RunOwner) or model._meta.abstract:
@@ -95,7 +97,7 @@ def register(model: type[RunOwner], *, noun: str, plan: Callable[[RunOwner], dic
     names = {field.name for field in model._meta.concrete_fields}
     if not {"workspace", "updated_at"} <= names:
         raise ImproperlyConfigured(f"{model.__name__} needs workspace and updated_at columns to be an owner")
-    owner = Owner(model=model, noun=noun, plan=plan, on_end=on_end)
+    owner = Owner(model=model, noun=noun, plan=plan, on_end=on_end, related=tuple(related))
     _owners[model._meta.label] = owner
     return owner
 
@@ -123,7 +125,10 @@ def begin(model: type[RunOwner], row_id: int, namespace: str, run_id: str) -> di
     this run and begins it the same way (so a plan must be idempotent)."""
     owner = owner_of(model)
     with transaction.atomic():
-        row = model.objects.select_for_update().filter(pk=row_id).first()
+        rows = model.objects.select_for_update(of=("self",)).filter(pk=row_id)
+        if owner.related:  # select_related() with no names would follow every foreign key
+            rows = rows.select_related(*owner.related)
+        row = rows.first()
         if row is None or Workspace.namespace_of(row.workspace_id) != namespace:
             return {"refused": f"{owner.noun} {row_id} does not belong to this run's workspace"}
         if row.durable_run_id not in (None, run_id):

@@ -11,4 +11,4 @@ class WorkflowsConfig(AppConfig):
         from workflows.models import WorkflowInvocation
 
         owners.register(WorkflowInvocation, noun="invocation", plan=execution.invocation_plan,
-                        on_end=execution.invocation_ended)
+                        on_end=execution.invocation_ended, related=("workflow_version",))

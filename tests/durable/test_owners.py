@@ -107,3 +107,36 @@ def test_the_reconcile_reads_each_owners_active_rows_through_its_index(start_row
     for plan, index in zip(plans, ["workflows_inv_active_idx", "evals_run_active_idx", "evolution_run_active_idx"],
                            strict=True):
         assert index in plan, plan
+
+
+def test_an_invocations_begin_reads_its_version_with_its_row_and_locks_only_the_row(start_row, workspace):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from durable import owners
+    from workflows.models import WorkflowInvocation
+
+    row, _workflow, _input = start_row("workflows.WorkflowInvocation")
+    with CaptureQueriesContext(connection) as queries:
+        plan = owners.begin(WorkflowInvocation, row.pk, workspace.namespace, row.durable_run_id)
+    assert plan["version_id"] == row.workflow_version_id and plan["dsl"] == row.workflow_version.dsl
+    selects = [query["sql"] for query in queries.captured_queries if query["sql"].startswith("SELECT")]
+    locking = [sql for sql in selects if "FOR UPDATE" in sql]
+    assert len(locking) == 1 and '"workflows_workflowversion"' in locking[0]
+    assert locking[0].endswith('FOR UPDATE OF "workflows_workflowinvocation"')
+    # nothing more of the version is fetched: the plan's other read is its node versions' ids
+    assert [sql for sql in selects if sql not in locking and 'FROM "workflows_workflowversion"' in sql] == []
+
+
+def test_the_begin_of_an_owner_naming_no_related_rows_joins_nothing(start_row, workspace):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from durable import owners
+    from evals.models import EvalRun
+
+    row, _workflow, _input = start_row("evals.EvalRun")
+    with CaptureQueriesContext(connection) as queries:
+        owners.begin(EvalRun, row.pk, workspace.namespace, row.durable_run_id)
+    locking = [query["sql"] for query in queries.captured_queries if "FOR UPDATE" in query["sql"]]
+    assert len(locking) == 1 and " JOIN " not in locking[0]
