@@ -255,3 +255,34 @@ def test_held_continue_as_new_then_a_child_is_followed_under_the_new_epochs_id(s
     child = DurableRun.objects.get(parent_id=run.id)
     assert (child.id, child.status, child.turns) == (f"{run.id}/1.0", "completed", 1)
     assert run_until_settled(run.id).status == "completed"
+
+
+@pytest.mark.django_db
+def test_held_a_childs_claim_failing_in_the_follow_leaves_it_to_the_lost_wake_pass(monkeypatch, sent_turns):
+    import psycopg
+
+    run = run_start(workflow="tests.parent", input={})
+    real = store.run_claim
+
+    def claim(cursor, run_id, token, lease_seconds):
+        if run_id != run.id:
+            raise psycopg.OperationalError("the connection was lost")
+        return real(cursor, run_id, token, lease_seconds)
+
+    monkeypatch.setattr(store, "run_claim", claim)
+    assert turns.execute_turn(run.id).outcome == "suspended"
+    child = DurableRun.objects.get(parent_id=run.id)
+    assert (child.status, child.wake_pending, child.turns) == ("pending", True, 0)
+    monkeypatch.setattr(store, "run_claim", real)
+    assert [row[0] for row in store.runs_redispatch_lost(after_seconds=0, batch=10)] == [child.id]
+    assert run_until_settled(run.id).status == "completed"
+
+
+@pytest.mark.django_db
+def test_held_a_chain_one_past_the_limit_sends_the_leaf_a_message(sent_turns):
+    run = run_start(workflow="tests.nest", input={"depth": turns.FOLLOW_LIMIT + 1})
+    sent_turns.clear()
+    turns.execute_turn(run.id)
+    chain = sorted(DurableRun.objects.exclude(pk=run.id), key=lambda row: len(row.id))
+    assert [row.turns for row in chain] == [1] * turns.FOLLOW_LIMIT + [0]
+    assert sent_turns == [chain[-1].id]
