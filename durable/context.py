@@ -548,6 +548,8 @@ class Context:
                 return self._row(checkpoint, "output")
             if checkpoint.status == StepStatus.FAILED:
                 raise self._failed(checkpoint, ChildFailed)
+            # a child sent no message may not have had its first turn (this turn's earlier try was given back)
+            self.run_next = checkpoint.child_run_id or None
             raise Suspend()
         get_workflow(workflow)  # fail fast, in the parent, on an unknown name
         with transaction.atomic():

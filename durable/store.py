@@ -196,10 +196,15 @@ RETURNING workflow, input, namespace, priority, tags, turns, parent_id, epoch, f
 """
 
 
-def run_claim(cursor: psycopg.Cursor, run_id: str, token: str, lease_seconds: float):
-    """Take the run's lease for one turn. Crash after commit: the lease expires and the tick's
-    recovery pass hands the run to another worker (counting a recovery attempt)."""
-    execute_prepared(cursor, CLAIM_SQL, (token, lease_seconds, run_id))
+# a run's first turn only: what a worker following a child it started claims (turns.execute_turn)
+FIRST_CLAIM_SQL = CLAIM_SQL.replace("\nRETURNING", " AND turns = 0\nRETURNING")
+
+
+def run_claim(cursor: psycopg.Cursor, run_id: str, token: str, lease_seconds: float, *, first: bool = False):
+    """Take the run's lease for one turn (with `first`, only for its first turn). Crash after commit: the
+    lease expires and the tick's recovery pass hands the run to another worker (counting a recovery
+    attempt)."""
+    execute_prepared(cursor, FIRST_CLAIM_SQL if first else CLAIM_SQL, (token, lease_seconds, run_id))
     return cursor.fetchone()
 
 

@@ -72,29 +72,31 @@ def execute_turn(run_id: str, *, follow: bool = True) -> TurnResult:
     a message instead): the child's work begins at once instead of behind every message queued before it
     (an eval lane's item, behind the other lanes). A crash before the child's turn leaves it pending
     with wake_pending, which the tick's lost-wake pass sends; a child's turn that failed is given back
-    by its own turn and never fails the one that started it. `follow=False` runs this turn only (the
-    child then waits for the lost-wake pass)."""
+    by its own turn and never fails the one that started it. A turn that replays to a child that has
+    not had its first turn yet (this turn's earlier try was given back after the child's insert
+    committed) follows it too: only a child's first turn is claimed so. `follow=False` runs this turn
+    only (the child then waits for the lost-wake pass)."""
     result = _execute_turn(run_id)
     child = result.run_next if follow else None
     for _ in range(FOLLOW_LIMIT):
         if child is None:
             return result
         try:
-            child = _execute_turn(child).run_next
-        except (TurnInterrupted, DatabaseError, psycopg.Error) as exc:  # given back, or found by the tick
+            child = _execute_turn(child, first=True).run_next
+        except Exception as exc:  # given back by its turn, or its lease expires and the recovery pass takes it
             logger.warning("durable: run %s: the first turn of its child %s failed here (%s: %s); the engine "
-                           "retries it", run_id, child, type(exc).__name__, exc)
+                           "retries it", run_id, child, type(exc).__name__, exc, exc_info=True)
             return result
     if child is not None:
         store.run_wake(child)
     return result
 
 
-def _execute_turn(run_id: str) -> TurnResult:
+def _execute_turn(run_id: str, *, first: bool = False) -> TurnResult:
     settings = durable_settings()
     token = worker_token()
     cursor = store.raw_cursor()
-    claimed = store.run_claim(cursor, run_id, token, settings.lease_seconds)
+    claimed = store.run_claim(cursor, run_id, token, settings.lease_seconds, first=first)
     if claimed is None:
         return TurnResult(run_id, TurnOutcome.NOT_CLAIMED)
     workflow_name, input_text, namespace, priority, tags, turns, parent_id, epoch, fence, trace_context = claimed
@@ -170,7 +172,7 @@ def _end(run_id: str, token: str, stop, ctx: Context, output, has_parent: bool) 
         return _finish(run_id, token, RunStatus.FAILED, error=error_payload(stop), has_parent=has_parent, ctx=ctx)
     try:
         encoded = encode(output)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # ValueError: a circular reference
         return _finish(run_id, token, RunStatus.FAILED, has_parent=has_parent, ctx=ctx, error=error_payload(
             TypeError(f"the workflow's return value is not JSON-serialisable: {exc}")))
     return _finish(run_id, token, RunStatus.COMPLETED, output=output, encoded_output=encoded, has_parent=has_parent,

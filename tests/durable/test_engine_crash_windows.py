@@ -748,10 +748,10 @@ def test_a_crash_before_the_childs_first_turn_leaves_it_to_the_lost_wake_pass(mo
     run = run_start(workflow="tests.parent", input={})
     real = turns._execute_turn
 
-    def dies_before_the_child(run_id):
+    def dies_before_the_child(run_id, **kw):
         if run_id != run.id:
             raise SystemExit("the worker died after its turn committed")
-        return real(run_id)
+        return real(run_id, **kw)
 
     monkeypatch.setattr(turns, "_execute_turn", dies_before_the_child)
     sent_turns.clear()

@@ -1,12 +1,14 @@
-"""Review of 7449895: the worker that ran a turn starting a ctx.child runs the child's first turn next,
-with no message. Each test names the interleaving it attacks; a failing test is a finding."""
+"""The worker that ran a turn starting a ctx.child runs the child's first turn next, with no message
+(durable.turns.execute_turn): each test names the interleaving it pins down."""
+
+import contextlib
 
 import pytest
 from django.db import OperationalError
 
 from config.logging import log_context_fields, log_context_update
 from durable import store, turns, workflow
-from durable.errors import Suspend, TurnInterrupted
+from durable.errors import TurnInterrupted
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun
 from durable.services import run_cancel, run_start
@@ -15,7 +17,7 @@ from durable.settings import durable_settings
 SEEN: list = []
 
 
-@workflow("review11.circular")
+@workflow("tests.follow_circular")
 def circular(ctx, input):
     """Returns a value JSON cannot encode (a circular reference: ValueError, not TypeError)."""
     value: dict = {}
@@ -23,18 +25,16 @@ def circular(ctx, input):
     return value
 
 
-@workflow("review11.parent_of_circular")
+@workflow("tests.follow_parent_of_circular")
 def parent_of_circular(ctx, input):
-    return ctx.child("review11.circular", {})
+    return ctx.child("tests.follow_circular", {})
 
 
-@workflow("review11.child_twice")
+@workflow("tests.follow_child_twice")
 def child_twice(ctx, input):
     """Swallows the suspension of its first ctx.child and starts another."""
-    try:
+    with contextlib.suppress(BaseException):  # the misuse under test
         ctx.child("tests.child", {"x": 1}, name="one")
-    except BaseException:  # noqa: BLE001 - the misuse under test
-        pass
     return ctx.child("tests.child", {"x": 2}, name="two")
 
 
@@ -43,29 +43,29 @@ def _cancel_self(run_id):
     return True
 
 
-@workflow("review11.cancelled_then_child")
+@workflow("tests.follow_cancelled_then_child")
 def cancelled_then_child(ctx, input):
     ctx.step("cancel", _cancel_self, ctx.run_id)
     return ctx.child("tests.child", {"x": 1})
 
 
-@workflow("review11.tagged_parent")
+@workflow("tests.follow_tagged_parent")
 def tagged_parent(ctx, input):
     log_context_update(invocation_id=4242)
-    return ctx.child("review11.context_child", {})
+    return ctx.child("tests.follow_context_child", {})
 
 
 def _fields():
     return log_context_fields()
 
 
-@workflow("review11.context_child")
+@workflow("tests.follow_context_child")
 def context_child(ctx, input):
     SEEN.append(ctx.side_effect(_fields, name="fields"))
     return "ok"
 
 
-@workflow("review11.continued_parent")
+@workflow("tests.follow_continued_parent")
 def continued_parent(ctx, input):
     if input.get("round", 0) == 0:
         ctx.continue_as_new({"round": 1})
@@ -92,17 +92,24 @@ def _release_fails_once_for(monkeypatch, run_id):
     monkeypatch.setattr(store, "run_release", release)
 
 
-# ------------------------------------------------------------------------------------------ findings
+def _recording(real, claimed):
+    def execute(run_id, **kw):
+        result = real(run_id, **kw)
+        claimed.append((run_id, result.outcome))
+        return result
+    return execute
+
+
+# -------------------------------------------------------------------------------- given back, failed
 
 
 @pytest.mark.django_db
-def test_a_parent_turn_given_back_after_its_child_committed_leaves_the_child_unsent_until_the_lost_wake_pass(
+def test_a_parent_turn_given_back_after_its_child_committed_follows_the_child_when_it_is_retried(
         monkeypatch, sent_turns):
     """The parent's ctx.child commits the child (no message), then the parent's release fails (a transient
-    database error): the turn is given back and raises TurnInterrupted, so no follow happens. The task is
-    retried and the parent's next turn replays to the child's pending checkpoint, which neither follows nor
-    sends the child. The live, retrying worker leaves the child for the lost-wake pass (30 s); before the
-    commit the child's message was sent as its insert committed."""
+    database error): the turn is given back and raises TurnInterrupted, so no follow happens then. The task
+    is retried, and the parent's next turn replays to the child's pending checkpoint and follows the child,
+    which has had no turn: it is not left for the lost-wake pass (30 s)."""
     run = run_start(workflow="tests.parent", input={})
     sent_turns.clear()
     _release_fails_once_for(monkeypatch, run.id)
@@ -118,11 +125,11 @@ def test_a_parent_turn_given_back_after_its_child_committed_leaves_the_child_uns
 
 
 @pytest.mark.django_db
-def test_a_followed_childs_turn_given_back_after_its_own_child_committed_leaves_the_grandchild_unsent(
+def test_a_followed_childs_turn_given_back_after_its_own_child_committed_follows_the_grandchild_when_retried(
         monkeypatch, sent_turns):
     """The same one level down: the followed child's turn starts a grandchild and its release fails; the
-    follow logs and returns ("given back"), the child's retried turn replays to the grandchild's pending
-    checkpoint, and the grandchild has neither run nor been sent a message."""
+    follow logs and returns (the child was given back), and the child's retried turn replays to the
+    grandchild's pending checkpoint and follows the grandchild."""
     run = run_start(workflow="tests.nest", input={"depth": 2})
     sent_turns.clear()
     child_id = f"{run.id}/0"
@@ -138,29 +145,31 @@ def test_a_followed_childs_turn_given_back_after_its_own_child_committed_leaves_
 
 @pytest.mark.django_db
 def test_a_childs_turn_raising_a_non_database_error_does_not_fail_its_parents_turn(sent_turns):
-    """execute_turn promises a child's turn that failed "never fails the one that started it", but the follow
-    catches only TurnInterrupted and database errors: a child whose end raises anything else (here its
-    output's encoding: ValueError) raises out of the parent's execute_turn, after the parent's turn
-    committed: the parent's run_turn task fails (no autoretry) and run_until_settled stops."""
-    run = run_start(workflow="review11.parent_of_circular", input={})
+    """A followed child's turn that raises anything (not only a database error) never fails the parent's
+    turn. Here the child's output cannot be encoded (a circular reference raises ValueError, not TypeError):
+    the child fails saying so, as it would on its own worker."""
+    run = run_start(workflow="tests.follow_parent_of_circular", input={})
     result = turns.execute_turn(run.id)
     assert result.outcome == "suspended"
+    child = DurableRun.objects.get(parent_id=run.id)
+    assert child.status == "failed" and "not JSON-serialisable" in child.error
+    assert run_until_settled(run.id).status == "failed"
 
 
-# --------------------------------------------------------------------------------- attacks that held
+# ------------------------------------------------------------------------------------------ races
 
 
 @pytest.mark.django_db
-def test_held_a_cancel_between_the_parents_commit_and_the_follow_leaves_the_child_cancelled_and_unclaimed(
+def test_a_cancel_between_the_parents_commit_and_the_follow_leaves_the_child_cancelled_and_unclaimed(
         monkeypatch, sent_turns):
     run = run_start(workflow="tests.parent", input={})
     real = turns._execute_turn
     outcomes = []
 
-    def cancel_first(run_id):
+    def cancel_first(run_id, **kw):
         if run_id != run.id:
             run_cancel(run_id=run.id)
-        result = real(run_id)
+        result = real(run_id, **kw)
         outcomes.append(result.outcome)
         return result
 
@@ -172,8 +181,8 @@ def test_held_a_cancel_between_the_parents_commit_and_the_follow_leaves_the_chil
 
 
 @pytest.mark.django_db
-def test_held_a_parent_cancelled_mid_turn_inserts_no_child_and_the_follow_claims_nothing(sent_turns):
-    run = run_start(workflow="review11.cancelled_then_child", input={})
+def test_a_parent_cancelled_mid_turn_inserts_no_child_and_the_follow_claims_nothing(sent_turns):
+    run = run_start(workflow="tests.follow_cancelled_then_child", input={})
     result = turns.execute_turn(run.id)
     assert result.outcome == "lease_lost"
     assert DurableRun.objects.get(pk=run.id).status == "cancelled"
@@ -181,8 +190,8 @@ def test_held_a_parent_cancelled_mid_turn_inserts_no_child_and_the_follow_claims
 
 
 @pytest.mark.django_db
-def test_held_a_swallowed_suspension_then_a_second_child_fails_the_run_and_cancels_the_first(sent_turns):
-    run = run_start(workflow="review11.child_twice", input={})
+def test_a_swallowed_suspension_then_a_second_child_fails_the_run_and_cancels_the_first(sent_turns):
+    run = run_start(workflow="tests.follow_child_twice", input={})
     result = turns.execute_turn(run.id)
     assert result.outcome == "failed"
     assert result.error["type"] == "WorkflowMisuse"
@@ -191,16 +200,16 @@ def test_held_a_swallowed_suspension_then_a_second_child_fails_the_run_and_cance
 
 
 @pytest.mark.django_db
-def test_held_a_child_claimed_by_another_worker_first_is_not_run_twice(monkeypatch, sent_turns):
+def test_a_child_claimed_by_another_worker_first_is_not_run_twice(monkeypatch, sent_turns):
     run = run_start(workflow="tests.parent", input={})
     real = turns._execute_turn
     outcomes = []
 
-    def other_worker_first(run_id):
+    def other_worker_first(run_id, **kw):
         if run_id != run.id:
             # the lost-wake pass fired early and another worker claimed the child
             assert store.run_claim(store.raw_cursor(), run_id, "other-worker", 30.0) is not None
-        result = real(run_id)
+        result = real(run_id, **kw)
         outcomes.append(result.outcome)
         return result
 
@@ -212,7 +221,7 @@ def test_held_a_child_claimed_by_another_worker_first_is_not_run_twice(monkeypat
 
 
 @pytest.mark.django_db
-def test_held_a_chain_exactly_follow_limit_deep_is_followed_whole_with_no_message_for_a_pending_child(sent_turns):
+def test_a_chain_exactly_follow_limit_deep_is_followed_whole_with_no_message_for_a_pending_child(sent_turns):
     run = run_start(workflow="tests.nest", input={"depth": turns.FOLLOW_LIMIT})
     sent_turns.clear()
     turns.execute_turn(run.id)
@@ -224,23 +233,24 @@ def test_held_a_chain_exactly_follow_limit_deep_is_followed_whole_with_no_messag
 
 
 @pytest.mark.django_db
-def test_held_a_replayed_turn_with_the_child_already_started_follows_nothing(monkeypatch, sent_turns):
+def test_a_replayed_turn_with_the_child_already_started_follows_nothing(monkeypatch, sent_turns):
     run = run_start(workflow="tests.parent_of_waiting", input={})
     turns.execute_turn(run.id)
     child = DurableRun.objects.get(parent_id=run.id)
     assert (child.status, child.turns) == ("suspended", 1)
-    calls = []
+    claimed = []
     real = turns._execute_turn
-    monkeypatch.setattr(turns, "_execute_turn", lambda run_id: calls.append(run_id) or real(run_id))
+    monkeypatch.setattr(turns, "_execute_turn", _recording(real, claimed))
     assert turns.execute_turn(run.id).outcome == "suspended"  # a duplicate delivery of the parent's message
-    assert calls == [run.id]
+    # the replay asks for the child's first turn, which it has had: nothing claims it
+    assert claimed == [(run.id, "suspended"), (child.id, "not_claimed")]
     assert DurableRun.objects.get(pk=child.id).turns == 1
 
 
 @pytest.mark.django_db
-def test_held_log_context_of_the_parents_turn_does_not_leak_into_the_followed_childs_turn(sent_turns):
+def test_log_context_of_the_parents_turn_does_not_leak_into_the_followed_childs_turn(sent_turns):
     SEEN.clear()
-    run = run_start(workflow="review11.tagged_parent", input={})
+    run = run_start(workflow="tests.follow_tagged_parent", input={})
     turns.execute_turn(run.id)
     assert len(SEEN) == 1
     assert SEEN[0]["run_id"] == f"{run.id}/0"
@@ -248,8 +258,8 @@ def test_held_log_context_of_the_parents_turn_does_not_leak_into_the_followed_ch
 
 
 @pytest.mark.django_db
-def test_held_continue_as_new_then_a_child_is_followed_under_the_new_epochs_id(sent_turns):
-    run = run_start(workflow="review11.continued_parent", input={})
+def test_continue_as_new_then_a_child_is_followed_under_the_new_epochs_id(sent_turns):
+    run = run_start(workflow="tests.follow_continued_parent", input={})
     assert turns.execute_turn(run.id).outcome == "continued"
     assert turns.execute_turn(run.id).outcome == "suspended"
     child = DurableRun.objects.get(parent_id=run.id)
@@ -258,16 +268,16 @@ def test_held_continue_as_new_then_a_child_is_followed_under_the_new_epochs_id(s
 
 
 @pytest.mark.django_db
-def test_held_a_childs_claim_failing_in_the_follow_leaves_it_to_the_lost_wake_pass(monkeypatch, sent_turns):
+def test_a_childs_claim_failing_in_the_follow_leaves_it_to_the_lost_wake_pass(monkeypatch, sent_turns):
     import psycopg
 
     run = run_start(workflow="tests.parent", input={})
     real = store.run_claim
 
-    def claim(cursor, run_id, token, lease_seconds):
+    def claim(cursor, run_id, token, lease_seconds, **kw):
         if run_id != run.id:
             raise psycopg.OperationalError("the connection was lost")
-        return real(cursor, run_id, token, lease_seconds)
+        return real(cursor, run_id, token, lease_seconds, **kw)
 
     monkeypatch.setattr(store, "run_claim", claim)
     assert turns.execute_turn(run.id).outcome == "suspended"
@@ -279,7 +289,7 @@ def test_held_a_childs_claim_failing_in_the_follow_leaves_it_to_the_lost_wake_pa
 
 
 @pytest.mark.django_db
-def test_held_a_chain_one_past_the_limit_sends_the_leaf_a_message(sent_turns):
+def test_a_chain_one_past_the_limit_sends_the_leaf_a_message(sent_turns):
     run = run_start(workflow="tests.nest", input={"depth": turns.FOLLOW_LIMIT + 1})
     sent_turns.clear()
     turns.execute_turn(run.id)
