@@ -553,9 +553,11 @@ class Context:
             raise Suspend()
         get_workflow(workflow)  # fail fast, in the parent, on an unknown name
         with transaction.atomic():
-            # no message: the worker running this turn runs the child's first turn next (turns.execute_turn)
             row = self._child_row(seq, label, workflow, input, tags, group=None, dispatch=False)
             self._insert([row])
+        # no message: the worker running this turn runs the child's first turn next (turns.execute_turn),
+        # claiming it only if it has had none (a child that existed already, from a retry, may have)
+        self.run_next = self.child_id(seq)
         raise Suspend()
 
     def _child_row(self, seq, label, workflow, input, tags, group, dispatch: bool = True) -> tuple:
@@ -563,8 +565,6 @@ class Context:
         created = store.run_insert(run_id=child_id, workflow=workflow, input_text=encode(input),
                                    namespace=self.namespace, tags=list(tags) or list(self.tags),
                                    priority=self.priority, parent_id=self.run_id, parent_seq=seq, dispatch=dispatch)
-        if created and not dispatch:
-            self.run_next = child_id
         if not created:
             # the child exists (a retry of this run): an ended child answers now, a live one reports when it ends
             existing = store.child_lock(child_id)
