@@ -500,15 +500,6 @@ def scenario_starts(args) -> dict:
     }
 
 
-def warm_up_the_caller() -> None:
-    """This process starts the work as the web process would. What such a process loads once, at the first
-    start that needs it (the price database, read by the check of a USD budget), is loaded before anything
-    is timed, as the workers load it as they start."""
-    from llm.prices import price_problem
-
-    price_problem(MODEL)
-
-
 def run_scenarios(args, *, database: str, database_url: str | None = None) -> dict:
     """Every scenario of `args.only` on one platform against one server, then the rate-limited variant on
     its own, each with its ceiling."""
@@ -523,7 +514,6 @@ def run_scenarios(args, *, database: str, database_url: str | None = None) -> di
                 platform.log_dir.mkdir()
                 try:
                     common.say(f"workers ready in {platform.start():.1f}s (llm worker: {args.in_flight} threads)")
-                    warm_up_the_caller()
                     starts = scenario_starts(args)
                     for name in plain:
                         prepare, levels, chains = starts[name]
