@@ -7,7 +7,8 @@ import pytest
 from django.db import OperationalError
 
 from config.logging import log_context_fields, log_context_update
-from durable import store, turns, workflow
+from durable import errors, store, turns, workflow
+from durable.codec import decode
 from durable.errors import TurnInterrupted
 from durable.inprocess import run_until_settled
 from durable.models import DurableRun
@@ -38,17 +39,6 @@ def child_twice(ctx, input):
     return ctx.child("tests.child", {"x": 2}, name="two")
 
 
-def _cancel_self(run_id):
-    run_cancel(run_id=run_id, reason="cancelled while its turn ran")
-    return True
-
-
-@workflow("tests.follow_cancelled_then_child")
-def cancelled_then_child(ctx, input):
-    ctx.step("cancel", _cancel_self, ctx.run_id)
-    return ctx.child("tests.child", {"x": 1})
-
-
 @workflow("tests.follow_tagged_parent")
 def tagged_parent(ctx, input):
     log_context_update(invocation_id=4242)
@@ -70,13 +60,6 @@ def continued_parent(ctx, input):
     if input.get("round", 0) == 0:
         ctx.continue_as_new({"round": 1})
     return ctx.child("tests.child", {"x": 5})
-
-
-@pytest.fixture
-def sent_turns(monkeypatch):
-    sent: list[str] = []
-    monkeypatch.setattr(store, "dispatch_turn", lambda run_id, priority=0: sent.append(run_id))
-    return sent
 
 
 def _release_fails_once_for(monkeypatch, run_id):
@@ -156,6 +139,60 @@ def test_a_childs_turn_raising_a_non_database_error_does_not_fail_its_parents_tu
     assert run_until_settled(run.id).status == "failed"
 
 
+@pytest.mark.django_db
+def test_a_turn_that_starts_a_child_runs_the_childs_first_turn_next_and_sends_it_no_message(sent_turns):
+    run = run_start(workflow="tests.parent", input={})
+    sent_turns.clear()
+    assert turns.execute_turn(run.id).outcome == "suspended"
+    child = DurableRun.objects.get(parent_id=run.id)
+    # the child ran (and ended) in the same call; its end woke the parent, by message
+    assert (child.status, child.turns) == ("completed", 1)
+    assert sent_turns == [run.id]
+    assert run_until_settled(run.id).status == "completed"
+
+
+@pytest.mark.django_db
+def test_a_crash_before_the_childs_first_turn_leaves_it_to_the_lost_wake_pass(monkeypatch, sent_turns):
+    run = run_start(workflow="tests.parent", input={})
+    real = turns._execute_turn
+
+    def dies_before_the_child(run_id, **kw):
+        if run_id != run.id:
+            raise SystemExit("the worker died after its turn committed")
+        return real(run_id, **kw)
+
+    monkeypatch.setattr(turns, "_execute_turn", dies_before_the_child)
+    sent_turns.clear()
+    with pytest.raises(SystemExit):
+        turns.execute_turn(run.id)
+    child = DurableRun.objects.get(parent_id=run.id)
+    assert (child.status, child.wake_pending, child.turns) == ("pending", True, 0)
+    assert sent_turns == []  # no message for it yet: the lost-wake pass sends one
+    assert [row[0] for row in store.runs_redispatch_lost(after_seconds=0, batch=10)] == [child.id]
+    assert sent_turns == [child.id]
+    monkeypatch.setattr(turns, "_execute_turn", real)
+    assert run_until_settled(run.id).status == "completed"
+
+
+@pytest.mark.django_db
+def test_a_childs_first_turn_that_fails_is_given_back_and_never_fails_its_parents_turn(monkeypatch, sent_turns):
+    run = run_start(workflow="tests.parent", input={})
+    real = turns._turn
+
+    def engine_write_fails_in_the_child(run_id, *args):
+        if run_id != run.id:
+            raise errors.EngineWriteFailed(RuntimeError("the database went away"))
+        return real(run_id, *args)
+
+    monkeypatch.setattr(turns, "_turn", engine_write_fails_in_the_child)
+    assert turns.execute_turn(run.id).outcome == "suspended"
+    child = DurableRun.objects.get(parent_id=run.id)
+    assert (child.status, child.recovery_attempts, child.locked_by) == ("suspended", 1, "")
+    assert child.wake_at is not None  # given back with a short delay, for the timer pass
+    monkeypatch.setattr(turns, "_turn", real)
+    assert run_until_settled(run.id).status == "completed"
+
+
 # ------------------------------------------------------------------------------------------ races
 
 
@@ -182,7 +219,7 @@ def test_a_cancel_between_the_parents_commit_and_the_follow_leaves_the_child_can
 
 @pytest.mark.django_db
 def test_a_parent_cancelled_mid_turn_inserts_no_child_and_the_follow_claims_nothing(sent_turns):
-    run = run_start(workflow="tests.follow_cancelled_then_child", input={})
+    run = run_start(workflow="tests.cancel_then_child", input={})
     result = turns.execute_turn(run.id)
     assert result.outcome == "lease_lost"
     assert DurableRun.objects.get(pk=run.id).status == "cancelled"
@@ -289,10 +326,13 @@ def test_a_childs_claim_failing_in_the_follow_leaves_it_to_the_lost_wake_pass(mo
 
 
 @pytest.mark.django_db
-def test_a_chain_one_past_the_limit_sends_the_leaf_a_message(sent_turns):
-    run = run_start(workflow="tests.nest", input={"depth": turns.FOLLOW_LIMIT + 1})
+@pytest.mark.parametrize("past", [1, 2])
+def test_a_chain_of_children_is_followed_to_the_limit_and_the_next_is_sent_a_message(past, sent_turns):
+    depth = turns.FOLLOW_LIMIT + past
+    run = run_start(workflow="tests.nest", input={"depth": depth})
     sent_turns.clear()
     turns.execute_turn(run.id)
     chain = sorted(DurableRun.objects.exclude(pk=run.id), key=lambda row: len(row.id))
     assert [row.turns for row in chain] == [1] * turns.FOLLOW_LIMIT + [0]
     assert sent_turns == [chain[-1].id]
+    assert decode(run_until_settled(run.id).output)["depth"] == depth
