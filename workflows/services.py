@@ -135,10 +135,13 @@ def version_problems(version: WorkflowVersion) -> dict[str, list[str]]:
     model with no known price (every run has a USD budget, which such a model would never count against)."""
     from llm.chat import model_problem
     from llm.prices import price_problem
-    from workflows.mcp_services import mcp_available_tools
 
-    needs_mcp = any(node["mcpTools"] for node in version.dsl["nodes"])
-    available = mcp_available_tools(workspace=version.workflow.workspace_id) if needs_mcp else {}
+    available = {}
+    if any(node["mcpTools"] for node in version.dsl["nodes"]):
+        # imported here alone: the MCP client's import takes seconds, which a version naming no MCP tool skips
+        from workflows.mcp_services import mcp_available_tools
+
+        available = mcp_available_tools(workspace=version.workflow.workspace_id)
     problems: dict[str, list[str]] = {}
     missing = dsl_module.unresolved_tools(version.dsl, mcp_tools=available.keys())
     if missing:

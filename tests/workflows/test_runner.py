@@ -1,6 +1,7 @@
 """The runner: a workflow version invoked as a durable run, driven in-process (same claims and
 checkpoints as the workers), answered by the offline model unless a test says otherwise."""
 
+import sys
 from decimal import Decimal
 from pathlib import Path
 
@@ -186,6 +187,15 @@ def test_a_version_with_missing_tools_or_models_is_refused_before_anything_runs(
     assert not any("knowledge_search" in e for e in errors["tools"])
     assert any(e.startswith("b.nowhere#some/model") for e in errors["models"])
     assert not WorkflowInvocation.objects.exists() and not DurableRun.objects.exists()
+
+
+def test_starting_a_version_without_mcp_tools_does_not_load_the_mcp_client(make_version, monkeypatch):
+    # the MCP client's import builds hundreds of pydantic models (seconds): a web process's first start of a
+    # workflow that names no MCP tool must not pay it
+    version = make_version(graph("a", node("a", tools=["knowledge_search"])))
+    monkeypatch.setitem(sys.modules, "workflows.mcp_services", None)  # importing it now raises ImportError
+    invocation = invocation_start(version=version, input={"text": "x"})
+    assert invocation.status == "queued"
 
 
 def test_budgets_and_input_are_validated(make_version):
