@@ -500,11 +500,20 @@ def scenario_starts(args) -> dict:
     }
 
 
+def warm_up_the_caller() -> None:
+    """This process starts the work as a web process would, and loads what a web process loads as it boots
+    (config/wsgi.py): the provider client and the price database, which a start's USD budget check reads."""
+    from llm.chat import load_provider_libraries
+
+    load_provider_libraries()
+
+
 def run_scenarios(args, *, database: str, database_url: str | None = None) -> dict:
     """Every scenario of `args.only` on one platform against one server, then the rate-limited variant on
     its own, each with its ceiling."""
     results: dict = {"scenarios": [], "worker_errors": []}
     wanted = [name for name in args.only if name in SCENARIOS]
+    warm_up_the_caller()
     with tempfile.TemporaryDirectory(prefix="bench-providers-") as log_dir:
         plain = [name for name in wanted if name != "rate-limit"]
         if plain:

@@ -1,4 +1,8 @@
+import os
+import subprocess
+import sys
 from decimal import Decimal
+from pathlib import Path
 
 from llm.prices import cost_usd, price_known
 from llm.usage import Usage, estimate_tokens
@@ -65,3 +69,14 @@ def test_a_vendor_qualified_name_costs_what_the_model_costs():
 
     assert cost_usd("openai/gpt-4.1-mini", provider="openrouter", input_tokens=1000) == \
         cost_usd("gpt-4.1-mini", provider="openai", input_tokens=1000) > 0
+
+
+def test_a_web_process_loads_the_price_database_and_the_provider_client_as_it_boots():
+    # gunicorn's workers import config.wsgi as they boot: the first request that starts a run (its USD budget
+    # checks the model's price) must not pay for loading them
+    code = ("import sys, config.wsgi; "
+            "print('genai_prices.data_snapshot' in sys.modules, 'openai' in sys.modules)")
+    environment = {**os.environ, "LLM_PROVIDER": "openai", "OPENAI_API_KEY": "sk-test"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, check=True,
+                         cwd=Path(__file__).parents[2], timeout=120)
+    assert out.stdout.split() == ["True", "True"]
