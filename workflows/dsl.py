@@ -194,6 +194,8 @@ def validate(dsl: dict, *, known_models: Iterable[str] | None = None) -> None:
         errors.add("entryNodeId", "is required")
     elif entry not in ids:
         errors.add("entryNodeId", f"names no node: {entry!r}")
+    for field in ("inputSchema", "outputSchema"):
+        _check_json_schema(dsl.get(field), field, errors)
     models = set(known_models) if known_models is not None else None
     for index, node in enumerate(nodes):
         node_id = node.get("nodeId")
@@ -222,6 +224,24 @@ def validate(dsl: dict, *, known_models: Iterable[str] | None = None) -> None:
         elif models is not None and model_name(model) not in models:
             errors.add(f"{path}.gatewayModelId", f"unknown model {model!r}")
     errors.raise_if_any()
+
+
+def _check_json_schema(schema, field: str, errors: _Errors) -> None:
+    """An input or output schema that cannot be used is an error naming its field: stored, an input schema
+    would check no input and an output schema fail every structured-output call. A schema that refers to
+    itself without end is valid JSON Schema; an input it meets is refused when checked (services.input_check)."""
+    from jsonschema.exceptions import SchemaError
+
+    from config.user_regex import check_schema
+
+    if not isinstance(schema, dict) or not schema:
+        return
+    try:
+        check_schema(schema)
+    except SchemaError as exc:
+        errors.add(field, f"is not a usable JSON Schema (Draft 2020-12): {exc.message}")
+    except RecursionError:
+        errors.add(field, "is not a usable JSON Schema (Draft 2020-12): nested too deeply to be checked")
 
 
 def parse(document, *, known_models: Iterable[str] | None = None) -> dict:

@@ -261,6 +261,8 @@ def test_a_dsl_error_is_a_400_naming_the_node_and_the_field(api_as, owner, works
     ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m", "requiresApproval": "no"}]},
      "nodes[a].requiresApproval"),
     ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m"}], "outputSchema": [1]}, "outputSchema"),
+    ({"entryNodeId": "a", "nodes": [{"nodeId": "a", "gatewayModelId": "m"}], "inputSchema": {"type": "strng"}},
+     "inputSchema"),
 ])
 def test_hostile_dsl_documents_are_400_naming_the_path(api_as, owner, workspace, dsl, path):
     workflow = workflow_create(workspace=workspace, name="flow")

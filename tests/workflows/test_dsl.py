@@ -2,6 +2,7 @@
 and the hash depends on what a workflow does, not on how its JSON is ordered."""
 
 import copy
+import functools
 import json
 from pathlib import Path
 
@@ -180,6 +181,28 @@ def test_every_workflow_field_of_the_wrong_type_is_refused_naming_it(field, valu
     errors = errors_of(two_nodes(**{field: value}))
     assert field in errors, errors
     assert any(fragment in message for message in errors[field]), errors
+
+
+@pytest.mark.parametrize(("field", "schema", "fragment"), [
+    ("inputSchema", {"type": "strng"}, "'strng' is not valid"),
+    ("inputSchema", {"type": "object", "properties": []}, "is not of type 'object'"),
+    ("outputSchema", {"type": "object", "properties": {"code": {"type": "string", "pattern": "(unclosed"}}},
+     "the pattern '(unclosed' at properties/code/pattern"),
+    ("outputSchema", {"patternProperties": {"^a": {}}, "unevaluatedProperties": False}, "unevaluatedProperties"),
+    ("inputSchema", functools.reduce(lambda inner, _: {"items": inner}, range(400), {}), "nested too deeply"),
+])
+def test_a_schema_that_is_not_a_usable_json_schema_is_refused_naming_its_field(field, schema, fragment):
+    """Refused when the version is written: stored, an input schema that cannot be used checks no input,
+    and an output schema the provider cannot read fails every structured-output call."""
+    errors = errors_of(two_nodes(**{field: schema}))
+    assert list(errors) == [field], errors
+    assert errors[field][0].startswith("is not a usable JSON Schema (Draft 2020-12): "), errors
+    assert fragment in errors[field][0], errors
+
+
+def test_a_schema_that_refers_to_itself_without_end_is_stored_as_a_json_schema_may():
+    schema = {"$defs": {"node": {"$ref": "#/$defs/node"}}, "$ref": "#/$defs/node"}
+    assert dsl.parse(two_nodes(inputSchema=schema))["inputSchema"] == schema
 
 
 def test_missing_and_null_fields_take_their_defaults():
