@@ -299,6 +299,10 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        # the HTTP clients' line per request (every model and embedding call): a call's span, metrics and the
+        # invocation's transcript say more; their warnings and errors still show
+        "httpx": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},
         # the 1 s tick: INFO only when it did something (config/logging.py)
         "celery.app.trace": {"filters": ["quiet_periodic_tasks"]},
         "celery.worker.strategy": {"filters": ["quiet_periodic_tasks"]},

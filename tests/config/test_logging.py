@@ -53,6 +53,15 @@ def test_other_tasks_still_log_at_info_and_debug_shows_the_tick(caplog):
         ("INFO", "Task durable.run_turn[9] received"), ("DEBUG", "Task durable.tick[1] received")]
 
 
+def test_the_http_clients_line_per_model_call_is_left_out_and_their_warnings_kept(caplog):
+    """A worker making 64 calls a second wrote 64 INFO lines a second of `HTTP Request: POST ... 200 OK`."""
+    caplog.set_level(logging.DEBUG)
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).info('HTTP Request: POST http://127.0.0.1/v1/chat/completions "HTTP/1.1 200 OK"')
+        logging.getLogger(name).warning("a warning of the client")
+    assert [(r.name, r.levelname) for r in caplog.records] == [("httpx", "WARNING"), ("httpx2", "WARNING")]
+
+
 # ------------------------------------------------------------------------------------ LOG_FORMAT=json
 
 def _json_handler():
