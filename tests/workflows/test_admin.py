@@ -704,6 +704,10 @@ def test_approve_sends_the_decision_to_the_run_and_a_second_decision_is_refused(
     # when, as the admin writes dates (its time zone), not the stored ISO text
     sent_at = timezone.localtime(datetime.fromisoformat(node.approval["sent"]["at"]))
     assert f"at {sent_at:%Y-%m-%d %H:%M:%S}" in page and node.approval["sent"]["at"] not in page
+    # and the page's own dates in the same format (the admin's were Django's "Dec. 4, 2026, 6:51 p.m.")
+    invocation.refresh_from_db()
+    assert f"{timezone.localtime(invocation.started_at):%Y-%m-%d %H:%M:%S}" in page
+    assert " a.m." not in page and " p.m." not in page
 
     again = decide(staff_client, invocation, node_seq=1, decision="reject", comment="changed my mind")
     assert again.status_code == 302
