@@ -158,16 +158,23 @@ def _openai_provider(name: str, base_url: str | None, api_key: str, timeout: int
 def load_provider_libraries() -> None:
     """Import the provider client library and the price database now (a worker's start: before a prefork
     worker forks, so its processes share them) instead of in the first model calls, where a second of CPU
-    would delay every call of a threads pool's cold start. Nothing to load when every call is offline."""
+    would delay every call of a threads pool's cold start. Nothing to load when every call is offline.
+    A warm-up only: a client that cannot be built in this environment (a SOCKS proxy without its package, a
+    missing CA bundle) is logged and the process starts; the model calls it would make fail with the reason."""
     if settings.LLM_PROVIDER == OFFLINE_PROVIDER and not settings.LLM_PROVIDERS:
         return
     from genai_prices.data_snapshot import get_snapshot
 
     from llm.openai_chat import OpenAIChatProvider  # imports openai
 
-    # a client built and closed (no request made) imports the HTTP transport a client imports as it is first built
-    OpenAIChatProvider(name="warm-up", api_key="warm-up").client.close()
     get_snapshot()  # the price database's bundled data, read once (the first price looked up reads it)
+    # a client built and closed (no request made) imports the HTTP transport a client imports as it is first built;
+    # the transport reads the proxy and CA settings of the environment as it is built
+    try:
+        OpenAIChatProvider(name="warm-up", api_key="warm-up").client.close()
+    except Exception as exc:
+        logger.warning("the provider client could not be built here, so model calls will fail: %s: %s",
+                       type(exc).__name__, exc)
 
 
 def get_chat_provider(resolved: ResolvedModel) -> ChatProvider:

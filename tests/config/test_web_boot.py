@@ -33,6 +33,8 @@ def boot(code: str, **env: str | None) -> subprocess.CompletedProcess:
 def test_a_web_process_boots_whatever_its_environment_says_of_the_model_calls_it_never_makes(env):
     out = boot("import config.wsgi; print('booted')", **env)
     assert out.returncode == 0 and out.stdout.split() == ["booted"], out.stderr[-2000:]
+    # and says why the model calls it would make fail
+    assert "the provider client could not be built here, so model calls will fail: " in out.stderr
 
 
 # ------------------------------------------------------------------------------------------ held
