@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from django.db import OperationalError, connection, models, transaction
 from django.utils.timezone import now
 from psycopg.errors import DeadlockDetected
@@ -97,9 +97,29 @@ def register(model: type[RunOwner], *, noun: str, plan: Callable[[RunOwner], dic
     names = {field.name for field in model._meta.concrete_fields}
     if not {"workspace", "updated_at"} <= names:
         raise ImproperlyConfigured(f"{model.__name__} needs workspace and updated_at columns to be an owner")
+    if isinstance(related, str):
+        raise ImproperlyConfigured(f"{model.__name__}: related must be a tuple of names, not the string {related!r}")
+    for path in related:
+        _check_related(model, path)
     owner = Owner(model=model, noun=noun, plan=plan, on_end=on_end, related=tuple(related))
     _owners[model._meta.label] = owner
     return owner
+
+
+def _check_related(model: type[RunOwner], path: str) -> None:
+    """A `related` name begin can load with the row: a forward foreign key or one-to-one (``a__b`` through
+    several), checked as the apps load instead of by the first run's begin (a FieldError every run after)."""
+    current = model
+    for name in str(path).split("__"):
+        try:
+            field = current._meta.get_field(name)
+        except FieldDoesNotExist:
+            raise ImproperlyConfigured(f"{model.__name__}: related {path!r}: {current.__name__} has no field "
+                                       f"{name!r}") from None
+        if not (field.many_to_one or field.one_to_one) or not field.concrete:
+            raise ImproperlyConfigured(f"{model.__name__}: related {path!r}: {current.__name__}.{name} is not a "
+                                       "foreign key or a one-to-one field")
+        current = field.related_model
 
 
 def owner_of(model: type[RunOwner]) -> Owner:
