@@ -200,3 +200,12 @@ def test_a_parent_cancelled_while_its_childs_first_turn_is_followed_leaves_both_
     assert turns.execute_turn(run.id).outcome == "suspended"  # the parent's own turn, before the cancel
     child = DurableRun.objects.get(parent_id=run.id)
     assert (DurableRun.objects.get(pk=run.id).status, child.status, child.output) == ("cancelled", "cancelled", "")
+
+
+def test_register_refuses_a_foreign_keys_column_name_that_begin_could_not_load(invocation_owner):
+    # Options.get_field also answers a foreign key's column name (workflow_version_id) with the key itself, so
+    # _check_related accepts it; select_related takes field names only and refuses it, in every run's begin
+    model, owner = invocation_owner
+    with pytest.raises(ImproperlyConfigured):
+        owners.register(model, noun="invocation", plan=owner.plan, on_end=owner.on_end,
+                        related=("workflow_version_id",))
