@@ -14,7 +14,9 @@ Every pattern a user supplies (a regex grader's, a golden item's expected output
 - ``schema_validator`` / ``schema_errors``: a Draft 2020-12 validator whose ``pattern``, ``patternProperties``,
   ``additionalProperties`` and ``format: regex`` use the two functions above, every match of one validation
   sharing one time limit. ``unevaluatedProperties`` next to ``patternProperties`` is refused (``check_schema``):
-  jsonschema matches those patterns with `re` in code that cannot be replaced keyword by keyword.
+  jsonschema matches those patterns with `re` in code that cannot be replaced keyword by keyword. Every `$ref`
+  resolves inside the schema (``check_schema`` refuses one that names nothing); a reference to another address
+  is never fetched (jsonschema's default would GET any URL a user writes into a schema).
 
 This module is shared by the apps (the layering of DESIGN.md): it knows nothing of graders or workflows.
 """
@@ -24,10 +26,14 @@ from __future__ import annotations
 import time
 from contextvars import ContextVar
 from functools import lru_cache
+from urllib.parse import urljoin
 
 import regex
 from jsonschema import Draft202012Validator, FormatChecker, validators
 from jsonschema.exceptions import SchemaError, ValidationError
+from referencing import Registry
+from referencing.exceptions import NoSuchResource, Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 FLAGS = {"i": regex.IGNORECASE, "m": regex.MULTILINE, "s": regex.DOTALL}
 MAX_UNROLLED = 10_000  # elements of a pattern once its counted repeats are expanded (measured: ~25 MB, ~10 ms)
@@ -225,19 +231,69 @@ _Validator = validators.extend(Draft202012Validator, {
 }, format_checker=FORMAT_CHECKER)
 
 
+def _no_retrieval(uri: str):
+    """A schema's references resolve inside the schema only: a `$ref` to another address is never fetched
+    (jsonschema's default would GET any URL a user writes into a schema)."""
+    raise NoSuchResource(ref=uri)
+
+
+NO_RETRIEVAL = Registry(retrieve=_no_retrieval)
+# keywords whose values are data, not schemas (a `$ref` key in them is no reference); and those whose values map
+# names to schemas (their keys are names, not keywords)
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
 def check_schema(schema: dict) -> None:
-    """SchemaError unless `schema` is a valid Draft 2020-12 schema whose patterns compile here (the message
-    names the pattern and says why)."""
+    """SchemaError unless `schema` is a valid Draft 2020-12 schema whose patterns compile here and whose every
+    `$ref` names a part of the schema itself (the message names the pattern or the reference and says why)."""
     try:
         Draft202012Validator.check_schema(schema, format_checker=FORMAT_CHECKER)
     except SchemaError as exc:
         if exc.validator == "format" and isinstance(exc.cause, PatternError):
-            where = "/".join(str(part) for part in exc.absolute_path) or "(root)"
-            raise SchemaError(f"the pattern {_snippet(exc.instance)} at {where}: {exc.cause}") from None
+            raise SchemaError(f"the pattern {_snippet(exc.instance)} at {_where(exc.absolute_path)}: "
+                              f"{exc.cause}") from None
         raise
     if _has_both(schema, "patternProperties", "unevaluatedProperties"):
         raise SchemaError("unevaluatedProperties cannot be used in a schema that has patternProperties (jsonschema "
                           "would match those patterns with no time limit); use additionalProperties")
+    _check_references(schema)
+
+
+def _check_references(schema) -> None:
+    """Every `$ref` of `schema` resolved against the schema (its `$id`s and anchors), nothing fetched: one that
+    names nothing would fail each validation that reaches it."""
+    if not isinstance(schema, dict):
+        return
+    root = schema["$id"] if isinstance(schema.get("$id"), str) else ""
+    resource = DRAFT202012.create_resource(schema)
+    registry = NO_RETRIEVAL.with_resources([("", resource), (root, resource)]).crawl()
+    stack: list[tuple[object, str, tuple, bool]] = [(schema, root, (), False)]
+    while stack:
+        value, base, path, names = stack.pop()
+        if isinstance(value, list):
+            stack.extend((item, base, (*path, index), False) for index, item in enumerate(value))
+            continue
+        if not isinstance(value, dict):
+            continue
+        if names:  # {name: schema}
+            stack.extend((item, base, (*path, key), False) for key, item in value.items())
+            continue
+        if isinstance(value.get("$id"), str):
+            base = urljoin(base, value["$id"])
+        reference = value.get("$ref")
+        if isinstance(reference, str):
+            try:
+                registry.resolver(base_uri=base).lookup(reference)
+            except Unresolvable:
+                raise SchemaError(f"the $ref {_snippet(reference)} at {_where((*path, '$ref'))} names no part of "
+                                  "this schema (a reference to another address is not fetched)") from None
+        stack.extend((item, base, (*path, key), key in _SCHEMA_MAPS) for key, item in value.items()
+                     if key not in _DATA_KEYWORDS)
+
+
+def _where(path) -> str:
+    return "/".join(str(part) for part in path) or "(root)"
 
 
 def _snippet(value) -> str:
@@ -261,14 +317,17 @@ def schema_validator(schema: dict):
     """A validator for `schema` (checked by `check_schema`: SchemaError when it cannot be used) whose pattern
     matching is time-limited; run it through `schema_errors`."""
     check_schema(schema)
-    return _Validator(schema, format_checker=FORMAT_CHECKER)
+    return _Validator(schema, format_checker=FORMAT_CHECKER, registry=NO_RETRIEVAL)
 
 
 def schema_errors(validator, instance, *, timeout: float) -> list[ValidationError]:
     """The validation errors of `instance`; PatternTimeout when its pattern matching takes more than `timeout`
-    seconds in all."""
+    seconds in all; SchemaError when a reference the validation reaches names nothing (check_schema resolves
+    every `$ref`: a `$dynamicRef` can still)."""
     token = _budget.set((timeout, time.monotonic() + timeout))
     try:
         return list(validator.iter_errors(instance))
+    except Unresolvable as exc:
+        raise SchemaError(f"a reference of the schema names nothing: {_snippet(exc)}") from None
     finally:
         _budget.reset(token)

@@ -192,6 +192,8 @@ def input_check(schema, value) -> InputCheck:
         errors = user_regex.schema_errors(validator, value, timeout=INPUT_PATTERN_TIMEOUT_SECONDS)
     except user_regex.PatternTimeout as exc:
         return InputCheck([], f"Not checked: a pattern of the input schema {exc}.", timed_out=True)
+    except jsonschema.SchemaError as exc:
+        return InputCheck([], f"Not checked: {exc.message}.")
     except RecursionError:
         return InputCheck([], "Not checked: the input schema refers to itself without end ($ref).")
     ordered = sorted(errors, key=lambda error: list(map(str, error.absolute_path)))

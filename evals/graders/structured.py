@@ -222,6 +222,8 @@ def _grade_json_schema(context: _Context, entry: dict) -> _Outcome:
         return _Outcome(0.0, "The answer's JSON is too deeply nested to validate.", {"errors": []})
     except user_regex.PatternTimeout as exc:
         raise _timed_out("json_schema", exc) from None
+    except SchemaError as exc:
+        raise _GradingError(f"{source} cannot be used: {_cut(exc.message, 300)}") from None
     errors.sort(key=lambda error: list(error.absolute_path))
     if not errors:
         return _Outcome(1.0, f"The answer is JSON that validates against {source}.", {"errors": []})

@@ -77,11 +77,32 @@ def test_schema_keywords_keep_their_meaning():
     ({"patternProperties": {"(": {}}}, "does not compile"),
     ({"allOf": [{"patternProperties": {"^a": {}}}], "unevaluatedProperties": False}, "unevaluatedProperties"),
     ({"type": 5}, "is not valid"),
+    ({"properties": {"a": {"$ref": "#/$defs/missing"}}},
+     "the $ref '#/$defs/missing' at properties/a/$ref names no part of this schema"),
+    ({"items": {"$ref": "http://127.0.0.1:9/item.json"}}, "a reference to another address is not fetched"),
+    ({"$id": "https://example.com/root", "$defs": {"a": {"$id": "part", "$defs": {"b": {}}}},
+      "properties": {"x": {"$ref": "part#/$defs/c"}}}, "the $ref 'part#/$defs/c' at properties/x/$ref"),
 ])
 def test_check_schema_names_what_cannot_be_used(schema, words):
     with pytest.raises(SchemaError) as caught:
         user_regex.check_schema(schema)
     assert words in caught.value.message, caught.value.message
+
+
+@pytest.mark.parametrize("schema", [
+    {"$defs": {"text": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/text"}}},
+    {"$defs": {"node": {"$anchor": "node", "items": {"$ref": "#node"}}}, "$ref": "#node"},  # itself, by anchor
+    # a part with an $id of its own: its references resolve against it
+    {"$id": "https://example.com/root", "$defs": {"a": {"$id": "part", "$defs": {"b": {"type": "integer"}},
+                                                     "items": {"$ref": "#/$defs/b"}}},
+     "properties": {"x": {"$ref": "part"}, "y": {"$ref": "part#/$defs/b"}}},
+    # data, and names: no reference in them
+    {"const": {"$ref": "#/nowhere"}, "default": {"$ref": "http://127.0.0.1:9/x"}},
+    {"properties": {"$ref": {"type": "string"}}},
+])
+def test_check_schema_resolves_the_references_a_schema_may_make(schema):
+    user_regex.check_schema(schema)
+    user_regex.schema_errors(user_regex.schema_validator(schema), {}, timeout=1)
 
 
 @pytest.mark.parametrize("pattern", [
