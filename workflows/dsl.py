@@ -21,6 +21,8 @@ import hashlib
 import json
 from collections.abc import Iterable
 
+from config.errors import Invalid
+
 SCHEMA_VERSION = 1
 END = "end"
 HANDOFF_TYPES = ("sequential", "parallel", "conditional")
@@ -42,13 +44,12 @@ SET_FIELDS = ("mcpTools", "codeTools", "skills")
 ALIASES = {"modelName": "gatewayModelId", "waitingFor": "waitFor"}
 
 
-class DslError(ValueError):
-    """A DSL document that cannot be a workflow; `errors` maps a field path to its messages."""
+class DslError(Invalid):
+    """A DSL document that cannot be a workflow; `errors` maps a field path to its messages. Bad input (a 400
+    naming each path wherever it reaches the API's handler: a rewrite or an evolution copies a stored DSL)."""
 
     def __init__(self, errors: dict[str, list[str]]):
-        self.errors = errors
-        super().__init__("; ".join(f"{path}: {message}" for path, messages in errors.items()
-                                   for message in messages))
+        super().__init__(errors)
 
 
 class _Errors:
