@@ -23,6 +23,7 @@ def evolution_start(*, workflow: Workflow, golden_set: GoldenSet, mode: str = Ev
     field at fault."""
     from durable.services import run_start
     from evolution.durable_workflows import EVOLVE_WORKFLOW
+    from workflows import dsl
     from workflows.services import version_problems
 
     errors: dict[str, list[str]] = {}
@@ -47,6 +48,10 @@ def evolution_start(*, workflow: Workflow, golden_set: GoldenSet, mode: str = Ev
         errors["goal"] = ["must be text of at most 10,000 characters"]
     if not errors:
         errors.update({f"base_version.{key}": value for key, value in version_problems(base_version).items()})
+        try:  # every version the run writes is derived from the base's DSL: one stored before a check refuses it
+            dsl.validate(base_version.dsl)
+        except dsl.DslError as exc:
+            errors.update({f"base_version.dsl.{path}": messages for path, messages in exc.errors.items()})
     if errors:
         raise EvolutionError(errors)
     with transaction.atomic():
