@@ -116,6 +116,9 @@ def _check_related(model: type[RunOwner], path: str) -> None:
         except FieldDoesNotExist:
             raise ImproperlyConfigured(f"{model.__name__}: related {path!r}: {current.__name__} has no field "
                                        f"{name!r}") from None
+        if name != field.name:  # get_field answers a foreign key's column name too; select_related does not
+            raise ImproperlyConfigured(f"{model.__name__}: related {path!r}: name the field {field.name!r}, not "
+                                       f"its column {name!r}")
         if not (field.many_to_one or field.one_to_one) or not field.concrete:
             raise ImproperlyConfigured(f"{model.__name__}: related {path!r}: {current.__name__}.{name} is not a "
                                        "foreign key or a one-to-one field")
