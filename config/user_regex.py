@@ -23,6 +23,7 @@ This module is shared by the apps (the layering of DESIGN.md): it knows nothing 
 
 from __future__ import annotations
 
+import json
 import time
 from contextvars import ContextVar
 from functools import lru_cache
@@ -315,7 +316,14 @@ def _has_both(schema, *keywords: str) -> bool:
 
 def schema_validator(schema: dict):
     """A validator for `schema` (checked by `check_schema`: SchemaError when it cannot be used) whose pattern
-    matching is time-limited; run it through `schema_errors`."""
+    matching is time-limited; run it through `schema_errors`. Built once per schema and kept (the check costs
+    about a millisecond: a version's input schema is checked at each start, a grader's at each item)."""
+    return _schema_validator(json.dumps(schema, sort_keys=True, separators=(",", ":")))
+
+
+@lru_cache(maxsize=128)
+def _schema_validator(canonical: str):
+    schema = json.loads(canonical)  # its own copy: a caller changing its dict changes no cached validator
     check_schema(schema)
     return _Validator(schema, format_checker=FORMAT_CHECKER, registry=NO_RETRIEVAL)
 

@@ -7,7 +7,6 @@ import json
 import math
 import re
 import unicodedata
-from functools import lru_cache
 
 from jsonschema.exceptions import SchemaError
 
@@ -192,18 +191,13 @@ def _grade_numeric(context: _Context, entry: dict) -> _Outcome:
 # -------------------------------------------------------------------------------------- JSON schema
 
 
-@lru_cache(maxsize=64)
-def _schema_validator(canonical_schema: str):
-    return user_regex.schema_validator(json.loads(canonical_schema))
-
-
 def _grade_json_schema(context: _Context, entry: dict) -> _Outcome:
     schema = entry.get("schema") if entry.get("schema") is not None else context.output_schema
     source = "the grader's schema" if entry.get("schema") is not None else "the output schema"
     if schema is None:
         raise _GradingError("no JSON schema to check against")
     try:
-        validator = _schema_validator(_canonical(schema))
+        validator = user_regex.schema_validator(schema)
     except SchemaError as exc:
         raise _GradingError(f"{source} is not a valid Draft 2020-12 schema: {_cut(exc.message, 300)}") from None
     except (TypeError, ValueError) as exc:

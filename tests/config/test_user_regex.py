@@ -89,6 +89,16 @@ def test_check_schema_names_what_cannot_be_used(schema, words):
     assert words in caught.value.message, caught.value.message
 
 
+def test_a_schemas_validator_is_built_once_and_kept_apart_from_the_callers_dict():
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    validator = user_regex.schema_validator(schema)
+    assert user_regex.schema_validator({"properties": {"n": {"type": "integer"}}, "type": "object"}) is validator
+    schema["properties"]["n"]["type"] = "string"  # the caller's dict changed: the kept validator did not
+    assert [error.message for error in user_regex.schema_errors(validator, {"n": "1"}, timeout=1)] == \
+        ["'1' is not of type 'integer'"]
+    assert user_regex.schema_errors(user_regex.schema_validator(schema), {"n": "1"}, timeout=1) == []
+
+
 @pytest.mark.parametrize("schema", [
     {"$defs": {"text": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/text"}}},
     {"$defs": {"node": {"$anchor": "node", "items": {"$ref": "#node"}}}, "$ref": "#node"},  # itself, by anchor
