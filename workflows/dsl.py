@@ -48,9 +48,6 @@ class DslError(Invalid):
     """A DSL document that cannot be a workflow; `errors` maps a field path to its messages. Bad input (a 400
     naming each path wherever it reaches the API's handler: a rewrite or an evolution copies a stored DSL)."""
 
-    def __init__(self, errors: dict[str, list[str]]):
-        super().__init__(errors)
-
 
 class _Errors:
     def __init__(self):
