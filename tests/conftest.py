@@ -123,6 +123,21 @@ def make_version(workspace):
 
 
 @pytest.fixture
+def version_stored_with_an_unusable_schema(make_version):
+    """A version as an installation upgraded past the write check of schemas holds it: stored before that check,
+    its inputSchema ({"type": "strng"}) is not a usable JSON Schema."""
+    from tests.builders import graph, node
+    from workflows.models import WorkflowVersion
+
+    version = make_version(graph("a", node("a", prompt="Answer.")))
+    unusable = {"type": "strng"}
+    WorkflowVersion.objects.filter(pk=version.pk).update(dsl={**version.dsl, "inputSchema": unusable},
+                                                         input_schema=unusable)
+    version.refresh_from_db()
+    return version
+
+
+@pytest.fixture
 def invoke():
     """Start an invocation of a version and drive its durable run in-process until it ends or
     waits for the outside world; returns the refreshed invocation."""

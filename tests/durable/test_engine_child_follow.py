@@ -152,7 +152,9 @@ def test_a_turn_that_starts_a_child_runs_the_childs_first_turn_next_and_sends_it
 
 
 @pytest.mark.django_db
-def test_a_crash_before_the_childs_first_turn_leaves_it_to_the_lost_wake_pass(monkeypatch, sent_turns):
+@pytest.mark.parametrize("finisher", ["lost-wake pass", "redelivered parent message"])
+def test_a_crash_before_the_childs_first_turn_leaves_it_to_the_lost_wake_pass_or_the_parents_redelivery(
+        monkeypatch, sent_turns, finisher):
     run = run_start(workflow="tests.parent", input={})
     real = turns._execute_turn
 
@@ -168,9 +170,17 @@ def test_a_crash_before_the_childs_first_turn_leaves_it_to_the_lost_wake_pass(mo
     child = DurableRun.objects.get(parent_id=run.id)
     assert (child.status, child.wake_pending, child.turns) == ("pending", True, 0)
     assert sent_turns == []  # no message for it yet: the lost-wake pass sends one
-    assert [row[0] for row in store.runs_redispatch_lost(after_seconds=0, batch=10)] == [child.id]
-    assert sent_turns == [child.id]
-    monkeypatch.setattr(turns, "_execute_turn", real)
+    if finisher == "lost-wake pass":
+        assert [row[0] for row in store.runs_redispatch_lost(after_seconds=0, batch=10)] == [child.id]
+        assert sent_turns == [child.id]
+        monkeypatch.setattr(turns, "_execute_turn", real)
+    else:
+        monkeypatch.setattr(turns, "_execute_turn", real)
+        # the parent's message was not acknowledged (acks_late): delivered again, its turn replays to the child
+        # and follows it
+        assert turns.execute_turn(run.id).outcome == "suspended"
+        child.refresh_from_db()
+        assert (child.status, child.turns) == ("completed", 1)
     assert run_until_settled(run.id).status == "completed"
 
 

@@ -155,30 +155,7 @@ def test_a_fail_while_a_begin_holds_the_row_waits_for_it_and_its_end_stands(invo
     assert (row.status, row.error) == ("cancelled", "cancelled by hand")
 
 
-# ------------------------------------------------------------------------------------- the follow: crashes
-
-@pytest.mark.django_db
-def test_a_redelivered_parent_message_after_a_death_before_the_follow_runs_the_childs_first_turn(
-        monkeypatch, sent_turns):
-    run = run_start(workflow="tests.review16_parent", input={})
-    real = turns._execute_turn
-
-    def dies_before_the_child(run_id, **kw):
-        if run_id != run.id:
-            raise SystemExit("the worker is killed")
-        return real(run_id, **kw)
-
-    monkeypatch.setattr(turns, "_execute_turn", dies_before_the_child)
-    with pytest.raises(SystemExit):
-        turns.execute_turn(run.id)
-    monkeypatch.setattr(turns, "_execute_turn", real)
-    child = DurableRun.objects.get(parent_id=run.id)
-    assert (child.status, child.turns) == ("pending", 0)
-    # the parent's message was not acknowledged (acks_late): delivered again, its turn replays to the child
-    assert turns.execute_turn(run.id).outcome == "suspended"
-    child.refresh_from_db()
-    assert (child.status, child.turns) == ("completed", 1)
-
+# ----------------------------------------------------------------------------- the follow: a second worker, a cancel
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("first", [False, True], ids=["a-message", "another-follow"])

@@ -59,27 +59,35 @@ def _invoke(client, workspace, schema):
                                 format="json")
 
 
-def test_a_ref_to_another_address_is_never_fetched(api_as, owner, workspace, schema_server):
-    # check_schema reads a `$ref` as a URI only and accepts the version; the validator built at invoke
-    # (config.user_regex.schema_validator) is given no registry, so jsonschema 4.26 still retrieves the remote
-    # reference itself (its deprecated default, with a DeprecationWarning): the web process sends a GET to any
-    # address a workspace member writes into a schema, on each invocation
+def test_a_ref_to_another_address_is_refused_when_written_and_never_fetched(api_as, owner, workspace, schema_server):
+    # jsonschema's default registry retrieves a remote reference itself: before, the web process sent a GET to any
+    # address a workspace member wrote into a schema, on each invocation
     address, requests = schema_server
     written, invoked = _invoke(api_as(owner), workspace,
                                {"type": "object", "properties": {"text": {"$ref": f"{address}/text.json"}}})
-    assert written.status_code in (201, 400), written.content[:300]
-    if invoked is not None:
-        assert invoked.status_code in (202, 400), (invoked.status_code, invoked.content[:300])
+    assert written.status_code == 400 and invoked is None, written.content[:300]
+    assert "inputSchema" in written.json()["error"]["fields"]["dsl"], written.json()
     assert requests == [], "the schema's $ref was fetched"
 
 
+def test_a_dynamic_ref_to_another_address_is_never_fetched_as_an_input_is_checked(api_as, owner, workspace,
+                                                                                 schema_server):
+    # the write check resolves `$ref`s only: a `$dynamicRef` is resolved as an input is checked, by a validator
+    # whose registry fetches nothing, so the input is refused as not checked
+    address, requests = schema_server
+    written, invoked = _invoke(api_as(owner), workspace,
+                               {"type": "object", "properties": {"text": {"$dynamicRef": f"{address}/text.json"}}})
+    assert written.status_code == 201, written.content[:300]
+    assert invoked.status_code == 400, (invoked.status_code, invoked.content[:300])
+    assert invoked.json()["error"]["fields"]["input"][0].startswith("Not checked: a reference of the schema names "
+                                                                    "nothing"), invoked.json()
+    assert requests == [], "the schema's $dynamicRef was fetched"
+
+
 def test_a_ref_that_names_nothing_is_refused_when_written_not_a_500_at_each_invocation(api_as, owner, workspace):
-    # the write check accepts {"$ref": "#/$defs/missing"} as a usable schema; the validator then raises
-    # referencing's Unresolvable, which services.input_check does not catch: every invocation is a 500
+    # before, the write check accepted {"$ref": "#/$defs/missing"}; the validator then raised referencing's
+    # Unresolvable, which services.input_check did not catch: every invocation was a 500
     written, invoked = _invoke(api_as(owner), workspace,
                                {"type": "object", "properties": {"text": {"$ref": "#/$defs/missing"}}})
-    if written.status_code == 400:
-        assert "inputSchema" in written.json()["error"]["fields"]["dsl"], written.json()
-    else:
-        assert written.status_code == 201, written.content[:300]
-        assert invoked.status_code == 400, (invoked.status_code, invoked.content[:300])
+    assert written.status_code == 400 and invoked is None, written.content[:300]
+    assert "inputSchema" in written.json()["error"]["fields"]["dsl"], written.json()
