@@ -1,5 +1,6 @@
 """Review of 166f67a: the rows an owner's plan reads through foreign keys (72c96ab), and the follow of a
-started child's first turn where a crash, a second worker or a cancel gets in its way (35820e4, d4d84a8)."""
+started child's first turn where a second worker or a cancel gets in its way (35820e4, d4d84a8; a crash before the
+follow is in test_engine_child_follow.py)."""
 
 import dataclasses
 import threading
